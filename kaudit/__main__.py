@@ -1,0 +1,3 @@
+from kaudit.cli import main
+
+main()

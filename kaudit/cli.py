@@ -1,0 +1,178 @@
+"""The `kaudit` command: a thin typer layer over `kaudit.api`, the reporters and `kaudit.gate`."""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kaudit import __version__
+from kaudit.api import Report, scan_paths
+from kaudit.config import ConfigError, load_config
+from kaudit.gate import EXIT_ERROR, FAIL_ON_CHOICES, exit_code
+from kaudit.report import json_report, sarif, text
+from kaudit.rule import all_rules, rule_by_code
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    help="Audit GPU kernels (KernelBench-style ModelNew modules) for fallbacks and integrity tricks.")
+stderr = Console(stderr=True)
+
+
+class OutputFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+
+
+class FailOn(str, enum.Enum):
+    error = "error"
+    warning = "warning"
+    note = "note"
+    never = "never"
+
+
+assert tuple(f.value for f in FailOn) == FAIL_ON_CHOICES
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"kaudit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[Optional[bool], typer.Option(  # noqa: UP007 - typer needs Optional
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
+          ) -> None:
+    """kaudit command line."""
+
+
+def _codes(values: list[str] | None) -> list[str]:
+    return [code.strip() for value in values or [] for code in value.split(",") if code.strip()]
+
+
+@app.command()
+def scan(
+    paths: Annotated[list[Path], typer.Argument(help="Kernel files or folders (walked recursively).")],
+    output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
+    select: Annotated[Optional[list[str]], typer.Option(help="Only these codes or prefixes (KA1, KA101), comma-separated.")] = None,  # noqa: UP007,E501
+    ignore: Annotated[Optional[list[str]], typer.Option(help="Skip these codes or prefixes.")] = None,  # noqa: UP007
+    fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes.")] = None,  # noqa: UP007,E501
+) -> None:
+    """Scan kernel files and folders."""
+    try:
+        config = load_config().with_options(select=_codes(select), ignore=_codes(ignore), jobs=jobs)
+    except (ConfigError, ValueError) as exc:
+        stderr.print(f"[red]kaudit: configuration error:[/red] {exc}")
+        raise typer.Exit(EXIT_ERROR) from None
+    progress = _DelayedProgress()
+    try:
+        report = scan_paths([str(p) for p in paths], config, on_file=progress.update)
+    except FileNotFoundError as exc:
+        stderr.print(f"[red]kaudit:[/red] {exc}")
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        progress.stop()
+    rules = [rule for rule in all_rules() if config.is_enabled(rule.code)]
+    _write(report, output_format, output, rules)
+    threshold = fail_on.value if fail_on else ("never" if output_format is OutputFormat.sarif else "error")
+    raise typer.Exit(exit_code(report, threshold))
+
+
+def _write(report: Report, output_format: OutputFormat, output: Path | None, rules: list) -> None:
+    if output_format is OutputFormat.text:
+        if output is None:
+            text.render(report, Console(highlight=False))
+            return
+        buffer = io.StringIO()
+        text.render(report, Console(file=buffer, no_color=True, highlight=False, width=120))
+        content = buffer.getvalue()
+    elif output_format is OutputFormat.json:
+        content = json_report.render(report)
+    else:
+        content = sarif.render(report, rules)
+    if output is None:
+        sys.stdout.write(content)
+    else:
+        output.write_text(content, encoding="utf-8")
+        stderr.print(text.summary(report), highlight=False)
+
+
+class _DelayedProgress:
+    """A progress bar on stderr that appears only once a scan has run for a second, on a TTY."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.bar: Progress | None = None
+        self.task = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if not stderr.is_terminal or time.monotonic() - self.started < 1.0:
+                return
+            self.bar = Progress(TextColumn("scanning"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=stderr, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("scan", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@app.command("rules")
+def list_rules(
+    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="text or json")] = OutputFormat.text,  # noqa: E501
+) -> None:
+    """List every rule: code, name, level, precision, summary."""
+    rows = [{"code": r.code, "name": r.name, "level": r.level.value, "precision": r.precision.value,
+             "family": r.family(), "tags": list(r.tags), "summary": r.docs().summary}
+            for r in all_rules()]
+    if output_format is OutputFormat.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    if output_format is OutputFormat.sarif:
+        stderr.print("kaudit rules: --format is text or json")
+        raise typer.Exit(EXIT_ERROR)
+    table = Table("code", "name", "level", "precision", "summary")
+    for row in rows:
+        table.add_row(row["code"], row["name"], row["level"], row["precision"], row["summary"])
+    Console().print(table)
+
+
+@app.command()
+def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. KA101.")]) -> None:
+    """Show a rule's documentation."""
+    rule = rule_by_code(code)
+    if rule is None:
+        stderr.print(f"kaudit: unknown rule code {code!r}; `kaudit rules` lists them")
+        raise typer.Exit(EXIT_ERROR)
+    header = f"# {rule.code} {rule.name}\n\nlevel: {rule.level.value} · precision: " \
+             f"{rule.precision.value} · family: {rule.family()}\n\n"
+    console = Console()
+    if console.is_terminal:
+        console.print(Markdown(header + rule.docs().markdown))
+    else:
+        sys.stdout.write(header + rule.docs().markdown + "\n")
+
+
+def main() -> None:
+    try:
+        app()
+    except Exception as exc:  # pragma: no cover - the last guard against a traceback
+        stderr.print(f"kaudit: internal error: {exc.__class__.__name__}: {exc}")
+        sys.exit(EXIT_ERROR)

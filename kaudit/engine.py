@@ -1,0 +1,83 @@
+"""Runs the static rules over one file and turns the result into findings: the heart of a scan.
+
+Everything that can go wrong with one file (unreadable, unparsable, a rule that crashes) ends up as
+a finding or a `ScanError` for that file; the scan of the other files goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kaudit.config import Config
+from kaudit.findings import Finding, ScanError, assign_fingerprints
+from kaudit.rule import Rule, all_rules, rule_by_code
+from kaudit.source import SourceModel, decode_source, read_source, split_lines
+from kaudit.suppressions import Suppression, apply_suppressions
+
+MARKER = "ModelNew"
+
+
+@dataclass
+class FileResult:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[ScanError] = field(default_factory=list)
+    skipped: bool = False
+
+
+@functools.cache
+def _enabled_rules(config: Config) -> tuple[Rule, ...]:
+    return tuple(rule() for rule in all_rules() if config.is_enabled(rule.code))
+
+
+def check_model(model: SourceModel, config: Config) -> FileResult:
+    """All enabled rules over one model, then per-file ignores, suppressions and fingerprints."""
+    result = FileResult(model.path)
+    findings: list[Finding] = []
+    for rule in _enabled_rules(config):
+        if rule.needs_module and model.module is None:
+            continue
+        try:
+            findings.extend(rule.check(model))
+        except Exception as exc:  # a rule bug must not end the scan
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            result.errors.append(ScanError(
+                model.path, f"internal error in {rule.code}: {exc.__class__.__name__}: {exc} "
+                f"({Path(frame.filename).name}:{frame.lineno})", internal=True))
+    findings = [f for f in findings if not config.is_ignored_for(f.path, f.rule)]
+    lines_of = {model.path: model.lines}
+    lines_of.update({path: split_lines(text) for path, text in model.other_files.items()})
+    findings = apply_suppressions(findings, lines_of, config.is_enabled, _unused_suppression)
+    findings.sort(key=lambda f: (f.path, f.line, f.location.column, f.rule))
+    result.findings = assign_fingerprints(findings, lines_of)
+    return result
+
+
+def _unused_suppression(suppression: Suppression) -> Finding:
+    rule = rule_by_code("KA004")
+    assert rule is not None
+    named = ", ".join(suppression.codes) if suppression.codes else "any rule"
+    return rule().finding(suppression.location,
+                            f"this suppression of {named} matches no finding; remove it")
+
+
+def scan_text(text: str | bytes, display: str, config: Config) -> FileResult:
+    if isinstance(text, bytes):
+        decoded, problem = decode_source(text)
+        return check_model(SourceModel(display, decoded, problem), config)
+    return check_model(SourceModel(display, text), config)
+
+
+def scan_file(file: str, display: str, explicit: bool, config: Config) -> FileResult:
+    """One file from disk. Files found by walking a folder are skipped unless they name ModelNew."""
+    try:
+        text, problem = read_source(Path(file))
+        if text is not None and not explicit and MARKER not in text:
+            return FileResult(display, skipped=True)
+        return check_model(SourceModel(display, text, problem), config)
+    except Exception as exc:  # never a traceback for one bad file
+        return FileResult(display, errors=[ScanError(
+            display, f"internal error: {exc.__class__.__name__}: {exc}", internal=True)])

@@ -1,0 +1,1 @@
+"""Renderers: a `Report` in, text or bytes out. No analysis happens here."""

@@ -1,0 +1,113 @@
+"""SARIF 2.1.0 for GitHub code scanning (see the rules in docs: one run, %SRCROOT%-relative URIs,
+1-based regions, a stable primaryLocationLineHash, `results` even when empty)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+import sarif_om as sarif
+from jschema_to_python.to_json import to_json
+
+from kaudit import __version__
+from kaudit.api import Report
+from kaudit.findings import Finding
+from kaudit.rule import Rule
+
+SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+INFORMATION_URI = "https://github.com/kaudit/kaudit"
+SEVERITY = {"error": "error", "warning": "warning", "note": "recommendation"}
+
+
+def source_root(start: Path | None = None) -> Path:
+    """The repository root (nearest folder holding .git) or, outside a repository, the cwd."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        if (directory / ".git").exists():
+            return directory
+    return here
+
+
+def render(report: Report, rules: list[type[Rule]], category: str = "kaudit/static/",
+           root: Path | None = None) -> str:
+    root = root or source_root()
+    index = {rule.code: i for i, rule in enumerate(rules)}
+    run = sarif.Run(
+        tool=sarif.Tool(driver=sarif.ToolComponent(
+            name="kaudit", version=__version__, semantic_version=__version__,
+            information_uri=INFORMATION_URI, rules=[_descriptor(rule) for rule in rules])),
+        automation_details=sarif.RunAutomationDetails(id=category),
+        original_uri_base_ids={"%SRCROOT%": sarif.ArtifactLocation(uri=root.as_uri() + "/")},
+        column_kind="unicodeCodePoints",
+        invocations=[_invocation(report)],
+        results=[_result(f, index, root) for f in report.findings if f.rule in index],
+    )
+    log = sarif.SarifLog(version="2.1.0", schema_uri=SCHEMA_URI, runs=[run])
+    data = json.loads(to_json(log))
+    _restore_levels(data["runs"][0], rules, [f for f in report.findings if f.rule in index])
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _restore_levels(run: dict, rules: list[type[Rule]], findings: list[Finding]) -> None:
+    """jschema-to-python drops fields equal to their schema default ("warning"); put them back so
+    every rule and result states its level."""
+    for descriptor, rule in zip(run["tool"]["driver"]["rules"], rules):
+        descriptor.setdefault("defaultConfiguration", {})["level"] = rule.level.value
+    for result, finding in zip(run["results"], findings):
+        result["level"] = finding.level.value
+
+
+def _descriptor(rule: type[Rule]) -> sarif.ReportingDescriptor:
+    docs = rule.docs()
+    properties = sarif.PropertyBag(tags=list(rule.tags)[:10])
+    properties.precision = rule.precision.value
+    setattr(properties, "problem.severity", SEVERITY[rule.level.value])
+    return sarif.ReportingDescriptor(
+        id=rule.code,
+        name=rule.name,
+        short_description=sarif.MultiformatMessageString(text=docs.summary),
+        full_description=sarif.MultiformatMessageString(text=docs.what),
+        help=sarif.MultiformatMessageString(text=docs.markdown, markdown=docs.markdown),
+        default_configuration=sarif.ReportingConfiguration(level=rule.level.value),
+        properties=properties,
+    )
+
+
+def _artifact(path: str, root: Path) -> sarif.ArtifactLocation:
+    absolute = Path(os.path.abspath(path))
+    try:
+        relative = absolute.relative_to(root)
+    except ValueError:
+        return sarif.ArtifactLocation(uri=absolute.as_uri())
+    return sarif.ArtifactLocation(uri=quote(relative.as_posix()), uri_base_id="%SRCROOT%")
+
+
+def _result(finding: Finding, index: dict[str, int], root: Path) -> sarif.Result:
+    loc = finding.location
+    region = sarif.Region(start_line=loc.line, start_column=loc.column,
+                          end_line=loc.end_line, end_column=loc.end_column)
+    return sarif.Result(
+        rule_id=finding.rule,
+        rule_index=index[finding.rule],
+        level=finding.level.value,
+        message=sarif.Message(text=finding.message),
+        locations=[sarif.Location(physical_location=sarif.PhysicalLocation(
+            artifact_location=_artifact(finding.path, root), region=region))],
+        partial_fingerprints={"primaryLocationLineHash": finding.fingerprint},
+    )
+
+
+def _invocation(report: Report) -> sarif.Invocation:
+    notifications = [
+        sarif.Notification(
+            level="error",
+            message=sarif.Message(text=f"{error.path}: {error.message}"),
+        )
+        for error in report.errors
+    ]
+    return sarif.Invocation(
+        execution_successful=not any(e.internal for e in report.errors),
+        tool_execution_notifications=notifications or None,
+    )

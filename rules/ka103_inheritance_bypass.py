@@ -1,0 +1,59 @@
+from collections.abc import Iterable
+
+from kaudit.findings import Finding, Level, Precision
+from kaudit.forward import ForwardAnalysis, OpKind, is_reference_model_name
+from kaudit.rule import Rule
+from kaudit.source import SourceModel
+
+
+class InheritanceBypass(Rule):
+    """`ModelNew` reuses the reference `Model` instead of replacing it.
+
+    ## What it does
+    Reports a `ModelNew` that subclasses the reference `Model`, defines no `forward` of its own,
+    calls `super().forward(...)` or `Model.forward(self, ...)`, or builds a `Model` and calls it on
+    a forward path. Building a `Model` only to copy its initialised weights is not reported.
+
+    ## Why is this bad?
+    The reference computation then produces the output: correctness checks pass by construction
+    and any speedup measured is noise or comes from elsewhere.
+
+    ## Example
+    ```python
+    class ModelNew(Model):
+        def forward(self, x):
+            return super().forward(x)
+    ```
+    """
+
+    code = "KA103"
+    name = "inheritance-bypass"
+    level = Level.ERROR
+    precision = Precision.HIGH
+    tags = ("bypass", "correctness")
+
+    def check(self, model: SourceModel) -> Iterable[Finding]:
+        cls = model.model_new
+        if cls is None:
+            return
+        analysis = ForwardAnalysis.of(model)
+        inherits = [b for b in cls.bases if is_reference_model_name(model, b.value)]
+        methods = {s.name.value for s in cls.body.body if hasattr(s, "name") and hasattr(s, "params")}
+        own_forward = bool(methods & {"forward", "__call__"})
+        if inherits and not own_forward:
+            yield self.report(model, cls.name,
+                              "`ModelNew` subclasses the reference `Model` and defines no forward: "
+                              "the reference forward runs")
+        elif inherits:
+            yield self.report(model, cls.name,
+                              "`ModelNew` subclasses the reference `Model`; its layers and "
+                              "methods stay one call away from the forward path")
+        elif not own_forward:
+            yield self.report(model, cls.name,
+                              "`ModelNew` defines no forward; calling it runs a base class's forward")
+        for function in analysis.reachable:
+            for op in analysis.ops_in(function):
+                if op.kind is OpKind.REFERENCE_MODEL:
+                    yield self.report(model, op.node,
+                                      f"the forward path calls {op.description}: the reference "
+                                      "computes the output")

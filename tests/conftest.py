@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+RULE_FIXTURES = FIXTURES / "rules"
+SARIF_SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
+
+_EXPECT = re.compile(rb"(?:#|//)\s*expect:\s*(K[ADP]\d{3}(?:\s*,\s*K[ADP]\d{3})*)")
+
+
+def expected_findings(path: Path) -> set[tuple[str, int]]:
+    """The (code, line) pairs a fixture declares with `# expect: CODE` markers."""
+    expected = set()
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        for match in _EXPECT.finditer(line):
+            for code in match.group(1).split(b","):
+                expected.add((code.strip().decode(), number))
+    return expected
+
+
+def rule_fixtures() -> list[Path]:
+    return sorted(p for p in RULE_FIXTURES.glob("*/*") if p.is_file() and p.suffix == ".py")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run in an empty folder, so relative paths and pyproject lookup are the test's own."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -1,0 +1,38 @@
+"""The rule suite generated from fixtures: every `bad_*` fixture fires exactly where its markers
+say, every `good_*` look-alike stays silent, and every rule has both kinds."""
+
+from __future__ import annotations
+
+import pytest
+
+from kaudit import scan_paths
+from kaudit.rule import all_rules
+from tests.conftest import RULE_FIXTURES, expected_findings, rule_fixtures
+
+
+@pytest.mark.parametrize("fixture", rule_fixtures(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fixture_findings_match_markers(fixture):
+    report = scan_paths([str(fixture)])
+    assert not report.errors, report.errors
+    actual = {(f.rule, f.line) for f in report.findings}
+    expected = expected_findings(fixture)
+    messages = "\n".join(f"{f.rule}:{f.line}: {f.message}" for f in report.findings)
+    assert actual == expected, f"findings differ from markers:\n{messages}"
+    if fixture.name.startswith("bad_"):
+        assert any(code == fixture.parent.name for code, _ in expected), "a bad fixture must fire"
+    else:
+        assert fixture.name.startswith("good_"), "fixtures are named bad_* or good_*"
+        assert all(code != fixture.parent.name for code, _ in expected)
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.code)
+def test_every_rule_has_bad_and_good_fixtures(rule):
+    folder = RULE_FIXTURES / rule.code
+    names = [p.name for p in folder.glob("*.py")] if folder.is_dir() else []
+    assert any(n.startswith("bad_") for n in names), f"{rule.code} needs a fixture that fires"
+    assert any(n.startswith("good_") for n in names), f"{rule.code} needs an honest look-alike"
+
+
+def test_fixture_folders_name_real_rules():
+    codes = {rule.code for rule in all_rules()}
+    assert {p.name for p in RULE_FIXTURES.iterdir() if p.is_dir()} <= codes
