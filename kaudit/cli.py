@@ -8,11 +8,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -58,6 +59,11 @@ def _root(version: Annotated[Optional[bool], typer.Option(  # noqa: UP007 - type
     """kaudit command line."""
 
 
+def _usage_error(message: str) -> NoReturn:
+    stderr.print(f"kaudit: {escape(message)}", soft_wrap=True, style="red")
+    raise typer.Exit(EXIT_ERROR)
+
+
 def _codes(values: list[str] | None) -> list[str]:
     return [code.strip() for value in values or [] for code in value.split(",") if code.strip()]
 
@@ -76,14 +82,12 @@ def scan(
     try:
         config = load_config().with_options(select=_codes(select), ignore=_codes(ignore), jobs=jobs)
     except (ConfigError, ValueError) as exc:
-        stderr.print(f"[red]kaudit: configuration error:[/red] {exc}")
-        raise typer.Exit(EXIT_ERROR) from None
+        _usage_error(f"configuration error: {exc}")
     progress = _DelayedProgress()
     try:
         report = scan_paths([str(p) for p in paths], config, on_file=progress.update)
     except FileNotFoundError as exc:
-        stderr.print(f"[red]kaudit:[/red] {exc}")
-        raise typer.Exit(EXIT_ERROR) from None
+        _usage_error(str(exc))
     finally:
         progress.stop()
     rules = [rule for rule in all_rules() if config.is_enabled(rule.code)]
@@ -146,8 +150,7 @@ def list_rules(
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
     if output_format is OutputFormat.sarif:
-        stderr.print("kaudit rules: --format is text or json")
-        raise typer.Exit(EXIT_ERROR)
+        _usage_error("`kaudit rules --format` is text or json")
     table = Table("code", "name", "level", "precision", "summary")
     for row in rows:
         table.add_row(row["code"], row["name"], row["level"], row["precision"], row["summary"])
@@ -159,8 +162,7 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. KA101.")
     """Show a rule's documentation."""
     rule = rule_by_code(code)
     if rule is None:
-        stderr.print(f"kaudit: unknown rule code {code!r}; `kaudit rules` lists them")
-        raise typer.Exit(EXIT_ERROR)
+        _usage_error(f"unknown rule code {code!r}; `kaudit rules` lists them")
     header = f"# {rule.code} {rule.name}\n\nlevel: {rule.level.value} · precision: " \
              f"{rule.precision.value} · family: {rule.family()}\n\n"
     console = Console()
@@ -174,5 +176,6 @@ def main() -> None:
     try:
         app()
     except Exception as exc:  # pragma: no cover - the last guard against a traceback
-        stderr.print(f"kaudit: internal error: {exc.__class__.__name__}: {exc}")
+        stderr.print(f"kaudit: internal error: {exc.__class__.__name__}: {escape(str(exc))}",
+                     soft_wrap=True)
         sys.exit(EXIT_ERROR)

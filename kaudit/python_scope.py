@@ -1,70 +1,58 @@
-"""Name resolution over one libcst module: import aliases and the strings that names are bound to.
+"""Name resolution over one Python module: import aliases, and the strings names are bound to.
 
 Kernels hide what they call behind aliases (`import torch.nn.functional as fn`, `from torch import
 matmul as mm`, `mm = torch.matmul`) and build their CUDA sources from pieces (`src = HEADER +
-KERNEL`). This module undoes both, without running anything.
+KERNEL`, f-strings, implicit concatenation). This module undoes both without running anything, and
+keeps, for every character of a rebuilt string, the offset in the file it came from.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import libcst as cst
 
-
-def dotted_parts(expr: cst.BaseExpression) -> list[str] | None:
+def dotted_parts(expr: ast.AST) -> list[str] | None:
     """`a.b.c` -> ["a", "b", "c"]; None for anything that is not a plain name chain."""
     parts: list[str] = []
-    while isinstance(expr, cst.Attribute):
-        parts.append(expr.attr.value)
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
         expr = expr.value
-    if not isinstance(expr, cst.Name):
+    if not isinstance(expr, ast.Name):
         return None
-    parts.append(expr.value)
+    parts.append(expr.id)
     parts.reverse()
     return parts
 
 
-def _module_name(node: cst.BaseExpression) -> str:
-    parts = dotted_parts(node)
-    return ".".join(parts) if parts else ""
-
-
 @dataclass
 class Bindings:
-    """What each module-level (or any-scope, last wins) name refers to."""
+    """What names refer to. Scope-insensitive on purpose: kernels are small modules, and a name
+    bound anywhere to `torch.matmul` is a strong enough signal."""
 
     #: local name -> fully qualified name, from imports and `alias = dotted.name` assignments
     qualified: dict[str, str] = field(default_factory=dict)
-    #: name -> the expressions assigned to it, in source order (`=` and `+=`)
-    assignments: dict[str, list[tuple[str, cst.BaseExpression]]] = field(default_factory=dict)
+    #: name -> the expressions assigned to it, in source order ("=" or "+=")
+    assignments: dict[str, list[tuple[str, ast.expr]]] = field(default_factory=dict)
 
-    def add_import(self, node: cst.Import | cst.ImportFrom) -> None:
-        if isinstance(node, cst.Import):
+    def add_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
             for alias in node.names:
-                full = _module_name(alias.name)
-                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    self.qualified[alias.asname.name.value] = full
-                else:
-                    # `import torch.nn` binds `torch`
-                    root = full.split(".")[0]
+                if alias.asname:
+                    self.qualified[alias.asname] = alias.name
+                else:  # `import torch.nn` binds `torch`
+                    root = alias.name.split(".")[0]
                     self.qualified[root] = root
             return
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        if node.level or not node.module:
             return
-        base = _module_name(node.module)
         for alias in node.names:
-            if not isinstance(alias.name, cst.Name):
-                continue
-            name = alias.name.value
-            local = name
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                local = alias.asname.name.value
-            self.qualified[local] = f"{base}.{name}"
+            if alias.name != "*":
+                self.qualified[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
-    def add_assignment(self, name: str, op: str, value: cst.BaseExpression) -> None:
+    def add_assignment(self, name: str, op: str, value: ast.expr) -> None:
         self.assignments.setdefault(name, []).append((op, value))
 
     def finish(self) -> None:
@@ -76,7 +64,7 @@ class Bindings:
             if target is not None and target != name:
                 self.qualified[name] = target
 
-    def resolve(self, expr: cst.BaseExpression) -> str | None:
+    def resolve(self, expr: ast.AST) -> str | None:
         """The fully qualified name an expression such as `F.relu` or `T.nn.Linear` refers to."""
         parts = dotted_parts(expr)
         if not parts or parts[0] not in self.qualified:
@@ -87,9 +75,8 @@ class Bindings:
 # --- strings with a map back to the file -------------------------------------------------------
 
 _ESCAPE = re.compile(
-    r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|\n|.)", re.S
-)
-_STRING_PREFIX = re.compile(r"^([a-zA-Z]*)('''|\"\"\"|'|\")")
+    r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3}|\r\n|.)", re.S)
+_QUOTES = ('"""', "'''", '"', "'")
 
 
 @dataclass
@@ -113,43 +100,134 @@ class MappedText:
         return out
 
 
-def decode_literal_body(body: str, start: int, raw: bool, fstring: bool = False) -> MappedText:
+def decode_literal_body(body: str, start: int, raw: bool) -> MappedText:
     """Evaluate a string literal's body, keeping for each character the offset it came from."""
+    if raw or "\\" not in body:
+        return MappedText(body, list(range(start, start + len(body))))
     chars: list[str] = []
     offsets: list[int] = []
     i = 0
-    n = len(body)
-    while i < n:
-        ch = body[i]
-        if fstring and ch in "{}" and i + 1 < n and body[i + 1] == ch:
-            chars.append(ch)
+    while i < len(body):
+        match = _ESCAPE.match(body, i) if body[i] == "\\" else None
+        if match is None:
+            chars.append(body[i])
             offsets.append(start + i)
-            i += 2
+            i += 1
             continue
-        if ch == "\\" and not raw:
-            match = _ESCAPE.match(body, i)
-            if match:
-                try:
-                    value = ast.literal_eval('"' + match.group(0) + '"')
-                except (SyntaxError, ValueError):
-                    value = match.group(0)
-                chars.append(value)
-                offsets.extend([start + i] * len(value))
-                i = match.end()
-                continue
-        chars.append(ch)
-        offsets.append(start + i)
-        i += 1
+        try:
+            value = ast.literal_eval('"' + match.group(0) + '"')
+        except (SyntaxError, ValueError):
+            value = match.group(0)
+        chars.append(value)
+        offsets.extend([start + i] * len(value))
+        i = match.end()
     return MappedText("".join(chars), offsets)
 
 
-def split_string_literal(raw_literal: str) -> tuple[str, str, int] | None:
-    """(prefix, body, body offset within the literal) of a literal such as `r'''...'''`."""
-    match = _STRING_PREFIX.match(raw_literal)
-    if not match:
-        return None
-    prefix, quote = match.group(1), match.group(2)
-    begin = len(prefix) + len(quote)
-    if len(raw_literal) < begin + len(quote):
-        return None
-    return prefix.lower(), raw_literal[begin : len(raw_literal) - len(quote)], begin
+def string_literal_text(source: str, start: int, end: int,
+                        fill_hole: Callable[[str], str]) -> MappedText | None:
+    """The value of the string literal(s) in `source[start:end]` (implicit concatenation and
+    f-strings included), mapped to file offsets. `fill_hole` gives the text standing in for an
+    f-string's `{expression}`. None if the span holds something else (bytes, say)."""
+    out = MappedText()
+    i = start
+    while i < end:
+        i = _skip_between_literals(source, i, end)
+        if i >= end:
+            break
+        j = i
+        while j < end and source[j].isalpha():
+            j += 1
+        prefix = source[i:j].lower()
+        quote = next((q for q in _QUOTES if source.startswith(q, j)), None)
+        if quote is None or "b" in prefix:
+            return None
+        body_start = j + len(quote)
+        body_end = _closing_quote(source, body_start, end, quote, "f" in prefix)
+        if body_end < 0:
+            return None
+        if "f" in prefix:
+            out = out + _fstring_body(source, body_start, body_end, "r" in prefix, fill_hole)
+        else:
+            out = out + decode_literal_body(source[body_start:body_end], body_start, "r" in prefix)
+        i = body_end + len(quote)
+    return out
+
+
+def _skip_between_literals(source: str, i: int, end: int) -> int:
+    while i < end:
+        ch = source[i]
+        if ch in " \t\r\n\f()":
+            i += 1
+        elif ch == "\\":
+            i += 2
+        elif ch == "#":
+            newline = source.find("\n", i, end)
+            i = end if newline < 0 else newline + 1
+        else:
+            break
+    return i
+
+
+def _closing_quote(source: str, i: int, end: int, quote: str, fstring: bool) -> int:
+    depth = 0
+    while i < end:
+        ch = source[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if fstring and ch == "{":
+            if depth == 0 and source.startswith("{{", i):
+                i += 2
+                continue
+            depth += 1
+        elif fstring and ch == "}" and depth:
+            depth -= 1
+        elif depth and ch in "'\"":  # a string nested in an f-string hole (Python 3.12+)
+            nested = next(q for q in _QUOTES if source.startswith(q, i))
+            close = source.find(nested, i + len(nested), end)
+            i = end if close < 0 else close + len(nested)
+            continue
+        elif depth == 0 and source.startswith(quote, i):
+            return i
+        i += 1
+    return -1
+
+
+def _fstring_body(source: str, start: int, end: int, raw: bool,
+                  fill_hole: Callable[[str], str]) -> MappedText:
+    out = MappedText()
+    literal_start = i = start
+    while i < end:
+        ch = source[i]
+        if ch in "{}" and source.startswith(ch * 2, i):
+            out = out + decode_literal_body(source[literal_start:i], literal_start, raw)
+            out = out + MappedText(ch, [i])
+            i += 2
+            literal_start = i
+        elif ch == "{":
+            out = out + decode_literal_body(source[literal_start:i], literal_start, raw)
+            close = _hole_end(source, i + 1, end)
+            expression = re.split(r"(?<![=!<>])[!:=](?!=)", source[i + 1:close], maxsplit=1)[0]
+            value = fill_hole(expression.strip())
+            out = out + MappedText(value, [i] * len(value))
+            i = literal_start = close + 1
+        elif ch == "\\" and not raw:
+            i += 2
+        else:
+            i += 1
+    return out + decode_literal_body(source[literal_start:end], literal_start, raw)
+
+
+def _hole_end(source: str, i: int, end: int) -> int:
+    depth = 0
+    while i < end:
+        ch = source[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                return i
+            depth -= 1
+        i += 1
+    return end

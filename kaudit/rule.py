@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-import libcst as cst
+import ast
 
 from kaudit.findings import Finding, Level, Location, Precision
 from kaudit.source import SourceModel
@@ -68,7 +68,7 @@ class Rule:
         """The rule's findings for one file. Rules the engine emits itself (KA004) keep this."""
         return ()
 
-    def report(self, model: SourceModel, where: cst.CSTNode | Location, message: str,
+    def report(self, model: SourceModel, where: ast.AST | Location, message: str,
                **metrics: object) -> Finding:
         location = where if isinstance(where, Location) else model.location(where)
         return self.finding(location, message, **metrics)

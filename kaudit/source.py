@@ -1,8 +1,9 @@
 """The source model: one parse per file, shared by every rule.
 
-A `SourceModel` holds the libcst module (with positions), the import/assignment bindings, the
-C++/CUDA sources handed to `load_inline`/`load` parsed by tree-sitter with every node mapped back to
-the file a user opens, and the Triton kernels with their launch sites. Rules read it; none re-parses.
+A `SourceModel` holds the Python syntax tree (the standard library's `ast`, which carries positions),
+the import/assignment bindings, the C++/CUDA sources handed to `load_inline`/`load` parsed by
+tree-sitter with every node mapped back to the file a user opens, and the Triton kernels with their
+launch sites. Rules read it; none re-parses.
 """
 
 from __future__ import annotations
@@ -12,22 +13,16 @@ import bisect
 import functools
 import os
 import re
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import libcst as cst
 import tree_sitter
 import tree_sitter_cuda
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from kaudit.findings import Location
-from kaudit.python_scope import (
-    Bindings,
-    MappedText,
-    decode_literal_body,
-    dotted_parts,
-    split_string_literal,
-)
+from kaudit.python_scope import Bindings, MappedText, dotted_parts, string_literal_text
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -35,7 +30,7 @@ _EXTENSION_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines as Python and libcst count them (\\r\\n, \\r or \\n; not form feeds)."""
+    """Lines as Python counts them (\\r\\n, \\r or \\n; not form feeds)."""
     return _LINE_BREAK.split(text)
 
 
@@ -45,17 +40,26 @@ def _cuda_parser() -> tree_sitter.Parser:
 
 
 class LineIndex:
-    """Absolute character offsets <-> 1-based lines and columns of one text."""
+    """Character offsets <-> 1-based lines and columns of one text, and `ast`'s UTF-8 byte
+    columns -> character columns."""
 
     def __init__(self, text: str) -> None:
+        self.text = text
         self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        self.ascii = text.isascii()
 
     def position(self, offset: int) -> tuple[int, int]:
         row = bisect.bisect_right(self.starts, offset) - 1
         return row + 1, offset - self.starts[row] + 1
 
-    def offset(self, line: int, column0: int) -> int:
-        return self.starts[min(line, len(self.starts)) - 1] + column0
+    def offset(self, line: int, byte_column: int) -> int:
+        """Character offset of `ast`'s (line, UTF-8 byte column)."""
+        start = self.starts[min(max(line, 1), len(self.starts)) - 1]
+        if self.ascii:
+            return start + byte_column
+        end = self.starts[line] if line < len(self.starts) else len(self.text)
+        encoded = self.text[start:end].encode("utf-8")
+        return start + len(encoded[:byte_column].decode("utf-8", "ignore"))
 
 
 @dataclass
@@ -78,7 +82,7 @@ class CudaUnit:
     path: str  # the file a user opens to see this code
     index: LineIndex  # of that file
     offsets: list[int] | None  # char -> offset in `path`; None when the unit *is* the file
-    origin: cst.CSTNode  # the Python expression the source came from
+    origin: ast.expr  # the Python expression the source came from
 
     @functools.cached_property
     def _char_of_byte(self) -> list[int] | None:
@@ -111,7 +115,7 @@ class CudaUnit:
     def text_of(self, node: tree_sitter.Node) -> str:
         return self.text[self._char(node.start_byte) : self._char(node.end_byte)]
 
-    def walk(self, types: frozenset[str] | None = None):
+    def walk(self, types: frozenset[str] | None = None) -> Iterator[tree_sitter.Node]:
         """Every node of the unit (or those of the given types), depth first."""
         stack = [self.tree.root_node]
         while stack:
@@ -120,7 +124,7 @@ class CudaUnit:
                 yield node
             stack.extend(reversed(node.children))
 
-    def walk_errors(self):
+    def walk_errors(self) -> Iterator[tree_sitter.Node]:
         """The nodes where tree-sitter gave up (ERROR) or invented a token (MISSING), in order."""
         stack = [self.tree.root_node]
         while stack:
@@ -135,7 +139,7 @@ class CudaUnit:
 class Extension:
     """A `load_inline(...)`/`load(...)` call and what it compiles."""
 
-    call: cst.Call
+    call: ast.Call
     bound_to: list[str]  # names (or `self.attr`) the returned module is assigned to
     functions: list[str]
     units: list[CudaUnit] = field(default_factory=list)
@@ -144,21 +148,21 @@ class Extension:
 @dataclass
 class TritonKernel:
     name: str
-    node: cst.FunctionDef
+    node: ast.FunctionDef
 
 
 @dataclass
 class TritonLaunch:
     kernel: str
-    call: cst.Call
-    grid: cst.BaseExpression
+    call: ast.Call
+    grid: ast.expr
 
 
 @dataclass
 class UnresolvedSource:
     """An extension source kaudit could not read statically, so could not analyse."""
 
-    node: cst.CSTNode
+    node: ast.AST
     reason: str
 
 
@@ -167,6 +171,7 @@ _LOAD_FUNCTIONS = {
     "torch.utils.cpp_extension.load": ("name", "sources"),
 }
 _TRITON_DECORATORS = ("jit", "autotune", "heuristics")
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 class SourceModel:
@@ -178,89 +183,142 @@ class SourceModel:
         self.lines = split_lines(self.text)
         self.index = LineIndex(self.text)
         self.problem = problem
-        self.module: cst.Module | None = None
+        self.module: ast.Module | None = None
         self.bindings = Bindings()
-        self.classes: dict[str, cst.ClassDef] = {}
-        self.functions: dict[str, cst.FunctionDef] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.functions: dict[str, FunctionNode] = {}
         self.extensions: list[Extension] = []
         self.triton_kernels: dict[str, TritonKernel] = {}
         self.triton_launches: list[TritonLaunch] = []
         self.unresolved_sources: list[UnresolvedSource] = []
         #: texts of other files findings may point into (extension sources on disk)
         self.other_files: dict[str, str] = {}
-        self._positions: dict[cst.CSTNode, CodeRange] = {}
         if text is not None and problem is None:
             self._parse()
 
-    # --- construction ---------------------------------------------------------------------
-
     def _parse(self) -> None:
         try:
-            module = cst.parse_module(self.text)
-        except (cst.ParserSyntaxError, RecursionError, MemoryError, ValueError) as exc:
-            self.problem = _syntax_problem(self.text, exc)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in kernels are not our business
+                module = ast.parse(self.text, filename=self.path)
+        except SyntaxError as error:
+            self.problem = InputProblem("KA001", f"file does not parse: {error.msg}",
+                                        error.lineno or 1, error.offset or 1)
             return
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        self._positions = wrapper.resolve(PositionProvider)
+        except (RecursionError, MemoryError, ValueError) as error:
+            self.problem = InputProblem("KA001", f"file does not parse: {error.__class__.__name__}")
+            return
         self.module = module
-        indexer = _Indexer(self)
-        module.visit(indexer)
+        load_calls: list[tuple[ast.Call, list[str]]] = []
+        subscript_calls: list[ast.Call] = []
+        for node in ast.walk(module):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.bindings.add_import(node)
+            elif isinstance(node, ast.Assign):
+                self._record_assignment(node, load_calls)
+            elif isinstance(node, ast.AnnAssign) and node.value is not None \
+                    and isinstance(node.target, ast.Name):
+                self.bindings.add_assignment(node.target.id, "=", node.value)
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) \
+                    and isinstance(node.op, ast.Add):
+                self.bindings.add_assignment(node.target.id, "+=", node.value)
+            elif isinstance(node, ast.Call):
+                parts = dotted_parts(node.func)
+                if parts and parts[-1] in ("load_inline", "load"):
+                    load_calls.append((node, []))
+                elif isinstance(node.func, ast.Subscript):
+                    subscript_calls.append(node)
+        for statement in module.body:
+            if isinstance(statement, ast.ClassDef):
+                self.classes[statement.name] = statement
+            elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[statement.name] = statement
         self.bindings.finish()
         for name, function in self.functions.items():
-            if any(self.is_triton_decorator(d) for d in function.decorators):
+            if any(self.is_triton_decorator(d) for d in function.decorator_list):
                 self.triton_kernels[name] = TritonKernel(name, function)
-        for call, bound_to in indexer.load_calls:
-            self._add_extension(call, bound_to)
-        for call in indexer.subscript_calls:
-            kernel = self._launched_kernel(call)
-            if kernel is not None:
-                self.triton_launches.append(TritonLaunch(kernel, call, call.func.slice[0].slice.value))
+        seen: set[int] = set()
+        for call, bound_to in load_calls:
+            if id(call) not in seen:  # an assigned call is listed twice; the first has its names
+                seen.add(id(call))
+                self._add_extension(call, bound_to)
+        for call in subscript_calls:
+            kernel = dotted_parts(call.func.value)  # type: ignore[attr-defined]
+            if kernel and kernel[-1] in self.triton_kernels:
+                self.triton_launches.append(TritonLaunch(kernel[-1], call, call.func.slice))  # type: ignore[attr-defined]
+
+    def _record_assignment(self, node: ast.Assign, load_calls: list) -> None:
+        names = []
+        for target in node.targets:
+            parts = dotted_parts(target)
+            if parts is not None:
+                names.append(".".join(parts))
+                if len(parts) == 1:
+                    self.bindings.add_assignment(parts[0], "=", node.value)
+        if isinstance(node.value, ast.Call):
+            parts = dotted_parts(node.value.func)
+            if parts and parts[-1] in ("load_inline", "load"):
+                load_calls.append((node.value, names))
 
     # --- positions ------------------------------------------------------------------------
 
-    def location(self, node: cst.CSTNode) -> Location:
-        code_range = self._positions.get(node)
-        if code_range is None:
+    def location(self, node: ast.AST) -> Location:
+        if not hasattr(node, "lineno"):
             return Location(self.path)
-        start, end = code_range.start, code_range.end
-        return Location(self.path, start.line, start.column + 1, end.line, end.column + 1)
+        line, column = node.lineno, node.col_offset  # type: ignore[attr-defined]
+        end_line = getattr(node, "end_lineno", None) or line
+        end_column = getattr(node, "end_col_offset", None)
+        end_column = column if end_column is None else end_column
+        start = self.index.position(self.index.offset(line, column))
+        end = self.index.position(self.index.offset(end_line, end_column))
+        return Location(self.path, start[0], start[1], end[0], end[1])
 
-    def line_of(self, node: cst.CSTNode) -> int:
-        return self.location(node).line
+    def header_location(self, node: ast.AST) -> Location:
+        """A compound statement's first line only (`class ModelNew(Model):`, `if x.is_cuda:`)."""
+        full = self.location(node)
+        line = self.lines[full.line - 1] if 0 < full.line <= len(self.lines) else ""
+        end = len(line.rstrip()) + 1
+        return Location(self.path, full.line, full.column, full.line, max(end, full.column + 1))
 
-    def code_of(self, node: cst.CSTNode) -> str:
-        assert self.module is not None
-        return self.module.code_for_node(node)
+    def line_of(self, node: ast.AST) -> int:
+        return getattr(node, "lineno", 1)
+
+    def code_of(self, node: ast.AST) -> str:
+        location = self.location(node)
+        start = self.index.starts[location.line - 1] + location.column - 1
+        end = self.index.starts[location.end_line - 1] + location.end_column - 1
+        return self.text[start:end]
+
+    def _span(self, node: ast.AST) -> tuple[int, int]:
+        start = self.index.offset(node.lineno, node.col_offset)  # type: ignore[attr-defined]
+        end = self.index.offset(node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+        return start, end
 
     # --- content queries ------------------------------------------------------------------
 
     @property
-    def model_new(self) -> cst.ClassDef | None:
+    def model_new(self) -> ast.ClassDef | None:
         return self.classes.get("ModelNew")
 
     @property
     def cuda_units(self) -> list[CudaUnit]:
         return [unit for ext in self.extensions for unit in ext.units]
 
-    def is_triton_decorator(self, decorator: cst.Decorator) -> bool:
-        expr = decorator.decorator
-        if isinstance(expr, cst.Call):
-            expr = expr.func
-        name = self.bindings.resolve(expr)
+    def is_triton_decorator(self, decorator: ast.expr) -> bool:
+        if isinstance(decorator, ast.Call):
+            decorator = decorator.func
+        name = self.bindings.resolve(decorator)
         return bool(name and name.startswith("triton.") and name.endswith(_TRITON_DECORATORS))
 
     # --- extensions -----------------------------------------------------------------------
 
-    def _add_extension(self, call: cst.Call, bound_to: list[str]) -> None:
-        resolved = self.bindings.resolve(call.func) or ""
-        params = _LOAD_FUNCTIONS.get(resolved)
+    def _add_extension(self, call: ast.Call, bound_to: list[str]) -> None:
+        params = _LOAD_FUNCTIONS.get(self.bindings.resolve(call.func) or "")
         if params is None:
             return
         args = _bind_arguments(call, params)
-        functions = []
-        if "functions" in args:
-            for text in self._texts(args["functions"]) or []:
-                functions.append(text.text)
+        functions = [text.text for text in self._texts(args["functions"]) or []] \
+            if "functions" in args else []
         ext = Extension(call, bound_to, functions)
         for param, kind in (("cpp_sources", "cpp"), ("cuda_sources", "cuda")):
             if param in args:
@@ -269,7 +327,7 @@ class SourceModel:
             self._add_source_files(ext, args["sources"])
         self.extensions.append(ext)
 
-    def _add_embedded_unit(self, ext: Extension, kind: str, expr: cst.BaseExpression) -> None:
+    def _add_embedded_unit(self, ext: Extension, kind: str, expr: ast.expr) -> None:
         pieces = self._texts(expr)
         if pieces is None:
             self.unresolved_sources.append(UnresolvedSource(
@@ -280,16 +338,16 @@ class SourceModel:
         ext.units.append(CudaUnit(kind, text.text, _cuda_parser().parse(text.text.encode("utf-8")),
                                   self.path, self.index, text.offsets, expr))
 
-    def _add_source_files(self, ext: Extension, expr: cst.BaseExpression) -> None:
-        elements = expr.elements if isinstance(expr, (cst.List, cst.Tuple)) else [expr]
+    def _add_source_files(self, ext: Extension, expr: ast.expr) -> None:
+        elements = expr.elts if isinstance(expr, (ast.List, ast.Tuple)) else [expr]
         base = os.path.dirname(self.path)
         for element in elements:
-            value = getattr(element, "value", element)
-            parts = [t.text for t in self._literal_strings(value)]
+            parts = [n.value for n in ast.walk(element)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
             if not parts or not parts[-1].endswith(_EXTENSION_SUFFIXES):
                 self.unresolved_sources.append(UnresolvedSource(
-                    value, f"extension source `{self.code_of(value)[:60]}` is computed at run time; "
-                    "not analysed"))
+                    element, f"extension source `{self.code_of(element)[:60]}` is computed at run "
+                    "time; not analysed"))
                 continue
             # `os.path.join(HERE, "kernels", "k.cu")`, `HERE + "/k.cu"`: the literal parts, taken
             # relative to the kernel's folder.
@@ -297,36 +355,19 @@ class SourceModel:
             text = _read_regular_file(Path(display))
             if text is None:
                 self.unresolved_sources.append(UnresolvedSource(
-                    value, f"extension source {display} is missing or unreadable; not analysed"))
+                    element, f"extension source {display} is missing or unreadable; not analysed"))
                 continue
-            data = text.encode("utf-8")
             kind = "cuda" if display.endswith((".cu", ".cuh")) else "cpp"
             self.other_files[display] = text
-            ext.units.append(CudaUnit(kind, text, _cuda_parser().parse(data), display,
-                                      LineIndex(text), None, value))
+            ext.units.append(CudaUnit(kind, text, _cuda_parser().parse(text.encode("utf-8")),
+                                      display, LineIndex(text), None, element))
 
-    def _literal_strings(self, expr: cst.BaseExpression) -> list[MappedText]:
-        found: list[MappedText] = []
-
-        class Collect(cst.CSTVisitor):
-            def visit_SimpleString(inner, node: cst.SimpleString) -> None:  # noqa: N805
-                text = self._simple_string(node)
-                if text is not None:
-                    found.append(text)
-
-        expr.visit(Collect())
-        return found
-
-    def _texts(self, expr: cst.BaseExpression, depth: int = 0) -> list[MappedText] | None:
+    def _texts(self, expr: ast.expr, depth: int = 0) -> list[MappedText] | None:
         """The string(s) an expression evaluates to, if that can be known without running it."""
-        if depth > 20:
-            return None
-        if isinstance(expr, (cst.List, cst.Tuple)):
+        if isinstance(expr, (ast.List, ast.Tuple)):
             out: list[MappedText] = []
-            for element in expr.elements:
-                if isinstance(element, cst.StarredElement):
-                    return None
-                texts = self._texts(element.value, depth + 1)
+            for element in expr.elts:
+                texts = None if isinstance(element, ast.Starred) else self._texts(element, depth + 1)
                 if texts is None:
                     return None
                 out.extend(texts)
@@ -334,34 +375,33 @@ class SourceModel:
         text = self._text(expr, depth)
         return None if text is None else [text]
 
-    def _text(self, expr: cst.BaseExpression, depth: int) -> MappedText | None:
+    def _text(self, expr: ast.expr, depth: int) -> MappedText | None:
         if depth > 20:
             return None
-        if isinstance(expr, cst.SimpleString):
-            return self._simple_string(expr)
-        if isinstance(expr, cst.ConcatenatedString):
+        if isinstance(expr, (ast.Constant, ast.JoinedStr)):
+            if isinstance(expr, ast.Constant) and not isinstance(expr.value, str):
+                return None
+            start, end = self._span(expr)
+            return string_literal_text(self.text, start, end,
+                                       lambda hole: self._hole_text(hole, depth))
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
             left, right = self._text(expr.left, depth + 1), self._text(expr.right, depth + 1)
             return None if left is None or right is None else left + right
-        if isinstance(expr, cst.FormattedString):
-            return self._formatted_string(expr, depth)
-        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
-            left, right = self._text(expr.left, depth + 1), self._text(expr.right, depth + 1)
-            return None if left is None or right is None else left + right
-        if isinstance(expr, cst.Name):
-            return self._bound_text(expr.value, depth)
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-            method = expr.func.attr.value
+        if isinstance(expr, ast.Name):
+            return self._bound_text(expr.id, depth)
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+            method = expr.func.attr
             if method in ("format", "strip", "lstrip", "rstrip", "replace"):
                 # The receiver's text is the code; formatting only fills small holes.
                 return self._text(expr.func.value, depth + 1)
             if method == "join" and expr.args:
                 sep = self._text(expr.func.value, depth + 1)
-                parts = self._texts(expr.args[0].value, depth + 1)
+                parts = self._texts(expr.args[0], depth + 1)
                 if sep is not None and parts is not None:
                     return MappedText.join(parts, sep.text)
-        if isinstance(expr, cst.Call) and expr.args and dotted_parts(expr.func) in (
-                ["textwrap", "dedent"], ["dedent"]):
-            return self._text(expr.args[0].value, depth + 1)
+        if isinstance(expr, ast.Call) and expr.args and \
+                dotted_parts(expr.func) in (["textwrap", "dedent"], ["dedent"]):
+            return self._text(expr.args[0], depth + 1)
         return None
 
     def _bound_text(self, name: str, depth: int) -> MappedText | None:
@@ -371,7 +411,7 @@ class SourceModel:
         last_plain = max((i for i, (op, _) in enumerate(assigned) if op == "="), default=None)
         if last_plain is None:
             return None
-        text: MappedText | None = MappedText()
+        text = MappedText()
         for _op, value in assigned[last_plain:]:
             piece = self._text(value, depth + 1)
             if piece is None:
@@ -379,67 +419,30 @@ class SourceModel:
             text = text + piece
         return text
 
-    def _simple_string(self, node: cst.SimpleString) -> MappedText | None:
-        parts = split_string_literal(node.value)
-        if parts is None:
-            return None
-        prefix, body, body_start = parts
-        start = self._node_offset(node) + body_start
-        return decode_literal_body(body, start, raw="r" in prefix)
-
-    def _formatted_string(self, node: cst.FormattedString, depth: int) -> MappedText | None:
-        raw = "r" in node.prefix.lower()
-        out = MappedText()
-        for part in node.parts:
-            start = self._node_offset(part)
-            if isinstance(part, cst.FormattedStringText):
-                out = out + decode_literal_body(part.value, start, raw, fstring=True)
-                continue
-            # A hole: use the constant it names when known, else its source text, so the C++
-            # around it still parses (`{BLOCK}` -> `256` or `BLOCK`).
-            value = self._constant_text(part.expression, depth)
-            out = out + MappedText(value, [start] * len(value))
-        return out
-
-    def _constant_text(self, expr: cst.BaseExpression, depth: int) -> str:
-        if isinstance(expr, cst.Name):
-            assigned = self.bindings.assignments.get(expr.value, [])
-            if len(assigned) == 1 and isinstance(assigned[0][1], (cst.Integer, cst.Float)):
-                return assigned[0][1].value
-            text = self._bound_text(expr.value, depth + 1)
+    def _hole_text(self, expression: str, depth: int) -> str:
+        """What stands in for an f-string hole: the constant a name is bound to, else the
+        expression itself, so the C++ around it still parses (`{BLOCK}` -> `256` or `BLOCK`)."""
+        assigned = self.bindings.assignments.get(expression, [])
+        if len(assigned) == 1 and isinstance(assigned[0][1], ast.Constant):
+            value = assigned[0][1].value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return repr(value)
+        if expression.isidentifier() and depth < 20:
+            text = self._bound_text(expression, depth + 1)
             if text is not None:
                 return text.text
-        return self.code_of(expr)
-
-    def _node_offset(self, node: cst.CSTNode) -> int:
-        code_range = self._positions[node]
-        return self.index.offset(code_range.start.line, code_range.start.column)
-
-    def _launched_kernel(self, call: cst.Call) -> str | None:
-        subscript = call.func
-        assert isinstance(subscript, cst.Subscript)
-        parts = dotted_parts(subscript.value)
-        if not parts or parts[-1] not in self.triton_kernels or len(subscript.slice) != 1:
-            return None
-        if not isinstance(subscript.slice[0].slice, cst.Index):
-            return None
-        return parts[-1]
+        return expression
 
 
-def _syntax_problem(text: str, exc: Exception) -> InputProblem:
-    """Where and why parsing failed, in CPython's words when it agrees the file is invalid (its
-    messages and positions are the ones users know); libcst's otherwise."""
+def _read_regular_file(file: Path) -> str | None:
+    """Text of a regular, small, UTF-8 file; never opens devices or FIFOs a kernel may name."""
     try:
-        ast.parse(text)
-    except SyntaxError as error:
-        return InputProblem("KA001", f"file does not parse: {error.msg}", error.lineno or 1,
-                            error.offset or 1)
-    except (RecursionError, MemoryError, ValueError) as error:
-        return InputProblem("KA001", f"file does not parse: {error.__class__.__name__}")
-    if isinstance(exc, cst.ParserSyntaxError):
-        return InputProblem("KA001", f"kaudit's parser (libcst) cannot read this: {exc.message}",
-                            exc.raw_line, exc.raw_column + 1)
-    return InputProblem("KA001", f"file does not parse: {exc.__class__.__name__}")
+        if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
+            return None
+        text, _problem = decode_source(file.read_bytes())
+    except OSError:
+        return None
+    return text
 
 
 def read_source(file: Path) -> tuple[str | None, InputProblem | None]:
@@ -457,103 +460,26 @@ def read_source(file: Path) -> tuple[str | None, InputProblem | None]:
     return decode_source(data)
 
 
-def _read_regular_file(file: Path) -> str | None:
-    """Text of a regular, small, UTF-8 file; never opens devices or FIFOs a kernel may name."""
-    try:
-        if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
-            return None
-        text, problem = decode_source(file.read_bytes())
-    except OSError:
-        return None
-    return text
-
-
 def decode_source(data: bytes) -> tuple[str | None, InputProblem | None]:
-    problem = _binary_problem(data)
-    return (None, problem) if problem else (data.decode("utf-8-sig"), None)
-
-
-def _binary_problem(data: bytes) -> InputProblem | None:
     nul = data.find(b"\0")
     if nul >= 0:
-        return InputProblem("KA003", "binary file (NUL byte); not analysed",
-                            data.count(b"\n", 0, nul) + 1)
+        return None, InputProblem("KA003", "binary file (NUL byte); not analysed",
+                                  data.count(b"\n", 0, nul) + 1)
     try:
-        data.decode("utf-8")
+        return data.decode("utf-8-sig"), None
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        return InputProblem(
+        return None, InputProblem(
             "KA003", f"file is not UTF-8 (byte 0x{data[exc.start]:02x}); not analysed", line, column)
-    return None
 
 
-def _bind_arguments(call: cst.Call, params: tuple[str, ...]) -> dict[str, cst.BaseExpression]:
-    bound: dict[str, cst.BaseExpression] = {}
+def _bind_arguments(call: ast.Call, params: tuple[str, ...]) -> dict[str, ast.expr]:
+    bound: dict[str, ast.expr] = {}
     for position, arg in enumerate(call.args):
-        if arg.star:
-            continue
-        if arg.keyword is not None:
-            bound[arg.keyword.value] = arg.value
-        elif position < len(params):
-            bound[params[position]] = arg.value
+        if not isinstance(arg, ast.Starred) and position < len(params):
+            bound[params[position]] = arg
+    for keyword in call.keywords:
+        if keyword.arg is not None:
+            bound[keyword.arg] = keyword.value
     return bound
-
-
-class _Indexer(cst.CSTVisitor):
-    """One walk over the module that records what the model needs."""
-
-    def __init__(self, model: SourceModel) -> None:
-        self.model = model
-        self.scope: list[cst.CSTNode] = []
-        self.load_calls: list[tuple[cst.Call, list[str]]] = []
-        self.subscript_calls: list[cst.Call] = []
-        self._assign_targets: dict[cst.Call, list[str]] = {}
-
-    def visit_Import(self, node: cst.Import) -> None:
-        self.model.bindings.add_import(node)
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        self.model.bindings.add_import(node)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if not self.scope:
-            self.model.classes[node.name.value] = node
-        self.scope.append(node)
-
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.scope.pop()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        if not self.scope:
-            self.model.functions[node.name.value] = node
-        self.scope.append(node)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self.scope.pop()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        names = []
-        for target in node.targets:
-            parts = dotted_parts(target.target)
-            if parts is not None:
-                names.append(".".join(parts))
-                if len(parts) == 1:
-                    self.model.bindings.add_assignment(parts[0], "=", node.value)
-        if isinstance(node.value, cst.Call):
-            self._assign_targets[node.value] = names
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None and isinstance(node.target, cst.Name):
-            self.model.bindings.add_assignment(node.target.value, "=", node.value)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        if isinstance(node.target, cst.Name) and isinstance(node.operator, cst.AddAssign):
-            self.model.bindings.add_assignment(node.target.value, "+=", node.value)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        parts = dotted_parts(node.func)
-        if parts and parts[-1] in ("load_inline", "load"):
-            self.load_calls.append((node, self._assign_targets.get(node, [])))
-        elif isinstance(node.func, cst.Subscript):
-            self.subscript_calls.append(node)

@@ -1,6 +1,5 @@
+import ast
 from collections.abc import Iterable
-
-import libcst as cst
 
 from kaudit.findings import Finding, Level, Location, Precision
 from kaudit.rule import Rule
@@ -34,28 +33,19 @@ class MissingModelNew(Rule):
     def check(self, model: SourceModel) -> Iterable[Finding]:
         if model.model_new is not None or model.module is None:
             return
-        binding = _binding_of_model_new(model.module)
+        binding = next((node for node in ast.walk(model.module) if _binds_model_new(node)), None)
         if binding is None:
             yield self.report(model, Location(model.path),
                               "no `class ModelNew` in this file; there is nothing to audit")
         else:
-            yield self.report(model, binding,
+            yield self.report(model, model.header_location(binding),
                               "`ModelNew` is bound here but not defined as a class in this file; "
                               "kaudit cannot audit code it cannot see")
 
 
-def _binding_of_model_new(module: cst.Module) -> cst.CSTNode | None:
-    found: list[cst.CSTNode] = []
-
-    class Find(cst.CSTVisitor):
-        def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-            bound = node.asname.name if node.asname else node.name
-            if isinstance(bound, cst.Name) and bound.value == "ModelNew":
-                found.append(node)
-
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if isinstance(node.target, cst.Name) and node.target.value == "ModelNew":
-                found.append(node)
-
-    module.visit(Find())
-    return found[0] if found else None
+def _binds_model_new(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((alias.asname or alias.name.split(".")[-1]) == "ModelNew" for alias in node.names)
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == "ModelNew" for t in node.targets)
+    return False

@@ -43,8 +43,8 @@ class LibraryFallback(Rule):
         analysis = ForwardAnalysis.of(model)
         for function in analysis.reachable:
             place = ("`ModelNew.forward`" if function is analysis.forward
-                     else f"`{function.name.value}` (reached from `ModelNew.forward`)")
-            for op in analysis.ops_in(function):
+                     else f"`{function.name}` (reached from `ModelNew.forward`)")
+            for op in analysis.function_ops(function):
                 if op.kind is OpKind.REFERENCE_OP:
                     yield self.report(model, op.node,
                                       f"{place} computes with {op.description}, a PyTorch op, "

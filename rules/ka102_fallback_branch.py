@@ -1,9 +1,8 @@
-from collections.abc import Iterable, Sequence
-
-import libcst as cst
+import ast
+from collections.abc import Iterable, Iterator, Sequence
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind
+from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind, walk_code
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
@@ -44,84 +43,55 @@ class FallbackBranch(Rule):
         analysis = ForwardAnalysis.of(model)
         for function in analysis.reachable:
             owner = analysis.owner.get(function)
-            branches = _Branches()
-            function.body.visit(branches)
-            for handler in branches.handlers:
-                ops = analysis.reference_ops_reached(handler.body, owner)
-                if ops:
-                    yield self.report(
-                        model, handler,
-                        f"this `except` falls back to {ops[0].description} "
-                        f"(line {model.line_of(ops[0].node)}) when the custom path raises")
-            for node, first, second in branches.alternatives:
-                finding = self._judge(model, analysis, owner, node, first, second)
-                if finding is not None:
-                    yield finding
-
-    def _judge(self, model: SourceModel, analysis: ForwardAnalysis, owner: cst.ClassDef | None,
-               node: cst.CSTNode, first: Sequence[cst.CSTNode],
-               second: Sequence[cst.CSTNode]) -> Finding | None:
-        kinds = [_kinds(analysis, owner, first), _kinds(analysis, owner, second)]
-        for fallback, custom in ((0, 1), (1, 0)):
-            if kinds[fallback] & REFERENCE_KINDS and OpKind.CUSTOM_KERNEL not in kinds[fallback] \
-                    and OpKind.CUSTOM_KERNEL in kinds[custom]:
-                branch = (first, second)[fallback]
-                ops = [op for part in branch for op in analysis.reference_ops_reached(part, owner)]
-                which = "taken" if fallback == 0 else "not taken"
-                return self.report(
-                    model, node,
-                    f"when this condition is {which}, the reference runs instead of the custom "
-                    f"kernel: {ops[0].description} (line {model.line_of(ops[0].node)})")
-        return None
+            for node in walk_code(function.body):
+                if isinstance(node, ast.ExceptHandler):
+                    ops = analysis.reference_ops_reached(node.body, owner)
+                    if ops:
+                        yield self.report(
+                            model, model.header_location(node),
+                            f"this `except` falls back to {ops[0].description} "
+                            f"(line {model.line_of(ops[0].node)}) when the custom path raises")
+            for node, first, second in _alternatives(function.body):
+                kinds = (analysis.kinds_reached(first, owner), analysis.kinds_reached(second, owner))
+                for fallback in (0, 1):
+                    if kinds[fallback] & REFERENCE_KINDS \
+                            and OpKind.CUSTOM_KERNEL not in kinds[fallback] \
+                            and OpKind.CUSTOM_KERNEL in kinds[1 - fallback]:
+                        ops = analysis.reference_ops_reached((first, second)[fallback], owner)
+                        which = "holds" if fallback == 0 else "fails"
+                        where = model.header_location(node) if isinstance(node, ast.If) else node
+                        yield self.report(
+                            model, where,
+                            f"when this condition {which}, the reference runs instead of the "
+                            f"custom kernel: {ops[0].description} (line {model.line_of(ops[0].node)})")
+                        break
 
 
-def _kinds(analysis: ForwardAnalysis, owner: cst.ClassDef | None,
-           nodes: Sequence[cst.CSTNode]) -> set[OpKind]:
-    kinds: set[OpKind] = set()
-    for node in nodes:
-        kinds |= analysis.kinds_reached(node, owner)
-    return kinds
+def _alternatives(body: Sequence[ast.stmt]
+                  ) -> Iterator[tuple[ast.AST, Sequence[ast.AST], Sequence[ast.AST]]]:
+    """Each conditional with its two alternatives: `if` body vs `else`/`elif` (or, after an early
+    return, the statements that follow), and the two arms of `a if c else b`."""
+    blocks: list[Sequence[ast.stmt]] = [body]
+    while blocks:
+        block = blocks.pop()
+        for i, statement in enumerate(block):
+            if isinstance(statement, ast.If):
+                if statement.orelse:
+                    yield statement, statement.body, statement.orelse
+                elif _leaves(statement.body):
+                    yield statement, statement.body, block[i + 1:]
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(statement, field, None)
+                if isinstance(inner, list) and inner and not isinstance(statement, ast.ClassDef):
+                    if field == "handlers":
+                        blocks.extend(handler.body for handler in inner)
+                    else:
+                        blocks.append(inner)
+    for node in walk_code(body):
+        if isinstance(node, ast.IfExp):
+            yield node, [node.body], [node.orelse]
 
 
-def _ends_control(body: cst.BaseSuite) -> bool:
+def _leaves(body: Sequence[ast.stmt]) -> bool:
     """True when a block always leaves the function (its last statement returns or raises)."""
-    statements = body.body if isinstance(body, cst.IndentedBlock) else [body]
-    if not statements:
-        return False
-    last = statements[-1]
-    if isinstance(last, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-        return bool(last.body) and isinstance(last.body[-1], (cst.Return, cst.Raise))
-    return False
-
-
-class _Branches(cst.CSTVisitor):
-    """Collects except handlers and the two alternatives of each conditional in a function body."""
-
-    def __init__(self) -> None:
-        self.handlers: list[cst.ExceptHandler | cst.ExceptStarHandler] = []
-        self.alternatives: list[tuple[cst.CSTNode, Sequence[cst.CSTNode], Sequence[cst.CSTNode]]] = []
-        self._continuation: dict[cst.If, Sequence[cst.CSTNode]] = {}
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-        for i, statement in enumerate(node.body):
-            if isinstance(statement, cst.If):
-                self._continuation[statement] = node.body[i + 1:]
-
-    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-        self.handlers.append(node)
-
-    def visit_ExceptStarHandler(self, node: cst.ExceptStarHandler) -> None:
-        self.handlers.append(node)
-
-    def visit_If(self, node: cst.If) -> None:
-        if node.orelse is not None:
-            other = node.orelse.body if isinstance(node.orelse, cst.Else) else node.orelse
-            self.alternatives.append((node, [node.body], [other]))
-        elif _ends_control(node.body) and node in self._continuation:
-            self.alternatives.append((node, [node.body], self._continuation[node]))
-
-    def visit_IfExp(self, node: cst.IfExp) -> None:
-        self.alternatives.append((node, [node.body], [node.orelse]))
+    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise))

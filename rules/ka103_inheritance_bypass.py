@@ -1,7 +1,7 @@
 from collections.abc import Iterable
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.forward import ForwardAnalysis, OpKind, is_reference_model_name
+from kaudit.forward import ForwardAnalysis, OpKind, is_reference_model_name, methods_of
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
@@ -37,22 +37,22 @@ class InheritanceBypass(Rule):
         if cls is None:
             return
         analysis = ForwardAnalysis.of(model)
-        inherits = [b for b in cls.bases if is_reference_model_name(model, b.value)]
-        methods = {s.name.value for s in cls.body.body if hasattr(s, "name") and hasattr(s, "params")}
-        own_forward = bool(methods & {"forward", "__call__"})
+        inherits = [base for base in cls.bases if is_reference_model_name(model, base)]
+        own_forward = bool(methods_of(cls).keys() & {"forward", "__call__"})
+        header = model.header_location(cls)
         if inherits and not own_forward:
-            yield self.report(model, cls.name,
+            yield self.report(model, header,
                               "`ModelNew` subclasses the reference `Model` and defines no forward: "
                               "the reference forward runs")
         elif inherits:
-            yield self.report(model, cls.name,
+            yield self.report(model, header,
                               "`ModelNew` subclasses the reference `Model`; its layers and "
                               "methods stay one call away from the forward path")
         elif not own_forward:
-            yield self.report(model, cls.name,
+            yield self.report(model, header,
                               "`ModelNew` defines no forward; calling it runs a base class's forward")
         for function in analysis.reachable:
-            for op in analysis.ops_in(function):
+            for op in analysis.function_ops(function):
                 if op.kind is OpKind.REFERENCE_MODEL:
                     yield self.report(model, op.node,
                                       f"the forward path calls {op.description}: the reference "
