@@ -26,6 +26,7 @@ from kaudit.python_scope import Bindings, MappedText, dotted_parts, string_liter
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_HEADER_END = re.compile(r":[ \t]*(#.*)?$")
 _EXTENSION_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
 
 
@@ -274,10 +275,12 @@ class SourceModel:
         return Location(self.path, start[0], start[1], end[0], end[1])
 
     def header_location(self, node: ast.AST) -> Location:
-        """A compound statement's first line only (`class ModelNew(Model):`, `if x.is_cuda:`)."""
+        """A compound statement's header only (`class ModelNew(Model):`, `if x.is_cuda:`), up to its
+        colon, so a region does not cover the whole body."""
         full = self.location(node)
         line = self.lines[full.line - 1] if 0 < full.line <= len(self.lines) else ""
-        end = len(line.rstrip()) + 1
+        colon = _HEADER_END.search(line, full.column - 1)
+        end = colon.start() + 2 if colon else len(line.rstrip()) + 1
         return Location(self.path, full.line, full.column, full.line, max(end, full.column + 1))
 
     def line_of(self, node: ast.AST) -> int:

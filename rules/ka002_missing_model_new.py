@@ -38,7 +38,7 @@ class MissingModelNew(Rule):
             yield self.report(model, Location(model.path),
                               "no `class ModelNew` in this file; there is nothing to audit")
         else:
-            yield self.report(model, model.header_location(binding),
+            yield self.report(model, binding,
                               "`ModelNew` is bound here but not defined as a class in this file; "
                               "kaudit cannot audit code it cannot see")
 

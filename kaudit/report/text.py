@@ -53,7 +53,8 @@ def _finding(console: Console, finding: Finding, lines: list[str]) -> None:
         f"{escape(finding.message)} [dim]({finding.name})[/dim]",
         soft_wrap=True)
     if 0 < loc.line <= len(lines):
-        source = lines[loc.line - 1].expandtabs(4)
+        source = "".join(ch if ch.isprintable() else "\N{REPLACEMENT CHARACTER}"
+                         for ch in lines[loc.line - 1].expandtabs(4))
         width = max(1, (loc.end_column - loc.column) if loc.end_line == loc.line else
                     len(source.rstrip()) - loc.column + 1)
         gutter = f"{loc.line:>6} | "
