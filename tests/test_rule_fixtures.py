@@ -1,11 +1,15 @@
 """The rule suite generated from fixtures: every `bad_*` fixture fires exactly where its markers
-say, every `good_*` look-alike stays silent, and every rule has both kinds."""
+say, every `good_*` look-alike stays silent, and every rule has both kinds.
+
+Errors and warnings from every rule must match the markers, so a rule that misfires on another
+rule's fixture fails here. Notes are compared only for the fixture's own rule and the codes its
+markers name, so adding a note-level rule does not require re-marking every fixture."""
 
 from __future__ import annotations
 
 import pytest
 
-from kaudit import scan_paths
+from kaudit import Level, scan_paths
 from kaudit.rule import all_rules
 from tests.conftest import RULE_FIXTURES, expected_findings, rule_fixtures
 
@@ -14,8 +18,10 @@ from tests.conftest import RULE_FIXTURES, expected_findings, rule_fixtures
 def test_fixture_findings_match_markers(fixture):
     report = scan_paths([str(fixture)])
     assert not report.errors, report.errors
-    actual = {(f.rule, f.line) for f in report.findings}
     expected = expected_findings(fixture)
+    compared_notes = {fixture.parent.name} | {code for code, _ in expected}
+    actual = {(f.rule, f.line) for f in report.findings
+              if f.level is not Level.NOTE or f.rule in compared_notes}
     messages = "\n".join(f"{f.rule}:{f.line}: {f.message}" for f in report.findings)
     assert actual == expected, f"findings differ from markers:\n{messages}"
     if fixture.name.startswith("bad_"):
