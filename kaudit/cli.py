@@ -20,9 +20,12 @@ from rich.table import Table
 from kaudit import __version__
 from kaudit.api import Report, scan_paths
 from kaudit.config import ConfigError, load_config
+from kaudit.discover import display_path
 from kaudit.gate import EXIT_ERROR, FAIL_ON_CHOICES, exit_code
+from kaudit.graph import KernelGraph, render_dot, render_text
 from kaudit.report import json_report, sarif, text
 from kaudit.rule import all_rules, rule_by_code
+from kaudit.source import SourceModel, read_source
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -136,6 +139,28 @@ class _DelayedProgress:
     def stop(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+class GraphFormat(str, enum.Enum):
+    text = "text"
+    dot = "dot"
+
+
+@app.command()
+def graph(
+    file: Annotated[Path, typer.Argument(help="One kernel file.")],
+    output_format: Annotated[GraphFormat, typer.Option("--format", "-f")] = GraphFormat.text,
+) -> None:
+    """Print the kernel graph: forward -> helpers -> extension -> host code -> kernels."""
+    if not file.is_file():
+        _usage_error(f"not a file: {file}")
+    text_, problem = read_source(file)
+    model = SourceModel(display_path(str(file)), text_, problem)
+    if model.problem is not None:
+        _usage_error(f"{model.path}:{model.problem.line}: {model.problem.message}")
+    kernel_graph = KernelGraph.of(model)
+    sys.stdout.write(render_dot(kernel_graph) if output_format is GraphFormat.dot
+                     else render_text(kernel_graph))
 
 
 @app.command("rules")

@@ -110,8 +110,10 @@ class CppIndex:
             return
         call = CppCall(name, node, unit, enclosing, args)
         self.calls.append(call)
-        if call.short_name == "def" and len(args) >= 2 and args[0].type == "string_literal":
-            exported = unit.text_of(args[0]).strip('"')
+        # m.def("name", &fn) (pybind11), m.impl("name", &fn) / m.def("name(Tensor x) -> Tensor", &fn)
+        # (TORCH_LIBRARY): the schema's name is what Python calls.
+        if call.short_name in ("def", "impl") and len(args) >= 2 and args[0].type == "string_literal":
+            exported = unit.text_of(args[0]).strip('"').split("(")[0].split("::")[-1].strip()
             target = _compact(unit.text_of(args[1])).lstrip("&").split("::")[-1]
             self.bindings[exported] = target
 

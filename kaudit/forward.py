@@ -97,9 +97,9 @@ class ForwardAnalysis:
             self.reachable.append(function)
             for op in self.ops_in(function.body, cls):
                 if op.kind is OpKind.HELPER and op.target is not None:
-                    pending.append((op.target, self._class_of(op.target)))
+                    pending.append((op.target, self.class_of(op.target)))
 
-    def _class_of(self, function: FunctionNode) -> ast.ClassDef | None:
+    def class_of(self, function: FunctionNode) -> ast.ClassDef | None:
         for cls in self.model.classes.values():
             if function in cls.body:
                 return cls
@@ -114,14 +114,14 @@ class ForwardAnalysis:
             return self._ops_cache[key]
         ops = []
         for node in walk_code(nodes):
-            op = self._classify(node, cls)
+            op = self.classify(node, cls)
             if op is not None:
                 ops.append(op)
         self._ops_cache[key] = ops
         return ops
 
     def function_ops(self, function: FunctionNode) -> list[Op]:
-        return self.ops_in(function.body, self.owner.get(function, self._class_of(function)))
+        return self.ops_in(function.body, self.owner.get(function, self.class_of(function)))
 
     def kinds_reached(self, nodes: Sequence[ast.AST], cls: ast.ClassDef | None) -> set[OpKind]:
         """Kinds of op that running `nodes` can reach, following helpers transitively."""
@@ -148,14 +148,15 @@ class ForwardAnalysis:
                 if current in seen:
                     continue
                 seen.add(current)
-                for op in self.ops_in(current.body, self._class_of(current)):
+                for op in self.ops_in(current.body, self.class_of(current)):
                     kinds.add(op.kind)
                     if op.kind is OpKind.HELPER and op.target is not None:
                         pending.append(op.target)
             self._kinds_cache[function] = frozenset(kinds)
         return self._kinds_cache[function]
 
-    def _classify(self, node: ast.AST, cls: ast.ClassDef | None) -> Op | None:
+    def classify(self, node: ast.AST, cls: ast.ClassDef | None) -> Op | None:
+        """The kind of one call or `@` operation, seen from a method of `cls`."""
         if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
             return Op(OpKind.REFERENCE_OP, node, "the `@` operator (torch.matmul)")
         if not isinstance(node, ast.Call):

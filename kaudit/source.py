@@ -116,9 +116,10 @@ class CudaUnit:
     def text_of(self, node: tree_sitter.Node) -> str:
         return self.text[self._char(node.start_byte) : self._char(node.end_byte)]
 
-    def walk(self, types: frozenset[str] | None = None) -> Iterator[tree_sitter.Node]:
-        """Every node of the unit (or those of the given types), depth first."""
-        stack = [self.tree.root_node]
+    def walk(self, types: frozenset[str] | None = None,
+             root: tree_sitter.Node | None = None) -> Iterator[tree_sitter.Node]:
+        """Every node of the unit, or under `root`, (or those of the given types), depth first."""
+        stack = [root or self.tree.root_node]
         while stack:
             node = stack.pop()
             if types is None or node.type in types:

@@ -1,0 +1,101 @@
+"""The kernel graph and the return data flow behind KA104, KA105 and KA107."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kaudit.dataflow import ReturnTracer, Source
+from kaudit.forward import ForwardAnalysis
+from kaudit.graph import KernelGraph, render_dot, render_text
+from kaudit.source import SourceModel
+from tests.conftest import ROOT, RULE_FIXTURES
+
+
+def graph_of(path) -> KernelGraph:
+    return KernelGraph.of(SourceModel(str(path.relative_to(ROOT)), path.read_text()))
+
+
+def edges(graph: KernelGraph) -> set[tuple[str, str, str]]:
+    return {(u, v, k) for u, v, k in graph.graph.edges(data="kind")}
+
+
+def test_forward_to_kernels_through_helpers_and_indirect_launches():
+    graph = graph_of(RULE_FIXTURES / "KA104" / "good_indirect_launches.py")
+    assert {
+        ("py:ModelNew.forward", "ext:softplus_scaled", "calls"),
+        ("ext:softplus_scaled", "cpp:softplus_scaled", "binds"),
+        ("cpp:softplus_scaled", "cpp:launch_softplus", "calls"),
+        ("cpp:launch_softplus", "cpp:softplus_kernel", "launches"),
+        ("cpp:softplus_kernel", "cpp:softplus", "calls"),
+        ("cpp:softplus_scaled", "cpp:scale_kernel", "references"),
+        ("py:ModelNew.forward", "ext:softplus_scaled", "returns"),
+    } <= edges(graph)
+    reached = graph.reachable_from(graph.forward)
+    assert {"cpp:softplus_kernel", "cpp:scale_kernel", "cpp:softplus"} <= reached
+    assert graph.location("cpp:softplus_kernel").line == 10
+
+
+def test_pybind_and_triton_edges():
+    pybind = graph_of(RULE_FIXTURES / "KA107" / "good_launch_through_helpers.py")
+    assert ("ext:abs_fwd", "cpp:abs_cuda", "binds") in edges(pybind)
+    assert "cpp:PYBIND11_MODULE" not in pybind.graph
+    triton = graph_of(RULE_FIXTURES / "KA104" / "good_init_and_jit_helpers.py")
+    assert {("py:ModelNew.forward", "triton:gelu_kernel", "launches"),
+            ("triton:gelu_kernel", "triton:_gelu", "calls"),
+            ("py:ModelNew.__init__", "triton:copy_kernel", "launches")} <= edges(triton)
+
+
+def test_text_and_dot_rendering():
+    graph = graph_of(RULE_FIXTURES / "KA104" / "bad_unused_global_stub.py")
+    text = render_text(graph)
+    assert text.splitlines()[0].startswith("ModelNew.forward [forward]")
+    assert "launches relu_kernel [kernel]" in text
+    assert "not reached from forward:" in text and "relu_vec4_kernel [kernel]" in text
+    dot = render_dot(graph)
+    assert dot.startswith("digraph kaudit {") and dot.rstrip().endswith("}")
+    assert '"cpp:relu" -> "cpp:relu_kernel" [label="launches"];' in dot
+
+
+def test_graph_command():
+    proc = subprocess.run([sys.executable, "-m", "kaudit", "graph",
+                           "fixtures/rules/KA105/bad_cancelled_result.py", "--format", "dot"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and '"py:ModelNew.forward" -> "torch:`torch.matmul`"' in proc.stdout
+    missing = subprocess.run([sys.executable, "-m", "kaudit", "graph", "nope.py"],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 2 and "not a file" in missing.stderr
+
+
+def flows(body: str) -> list[tuple[Source, ...]]:
+    code = textwrap.dedent('''
+        import torch
+        import triton
+        from torch.utils.cpp_extension import load_inline
+        ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", functions=["f"])
+
+        class ModelNew(torch.nn.Module):
+            def forward(self, x, y):
+        ''') + textwrap.indent(textwrap.dedent(body), " " * 8)
+    analysis = ForwardAnalysis(SourceModel("k.py", code))
+    return [tuple(p.source for p in flow.producers)
+            for flow in ReturnTracer(analysis).flows(analysis.forward)]
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("return ext.f(x)", [(Source.CUSTOM,)]),
+    ("c = ext.f(x)\nreturn c + (torch.mm(x, y) - c)", [(Source.REFERENCE,)]),
+    ("c = ext.f(x)\nc = torch.mm(x, y)\nreturn c", [(Source.REFERENCE,)]),
+    ("c = ext.f(x)\nreturn torch.relu(c)", [(Source.DERIVED,)]),
+    ("out = torch.empty_like(x)\nreturn out", [(Source.UNWRITTEN,)]),
+    ("out = torch.empty_like(x)\next.f(x, out)\nreturn out.view(-1)", [(Source.CUSTOM,)]),
+    ("if x.is_cuda:\n    c = ext.f(x)\nelse:\n    c = torch.mm(x, y)\nreturn c",
+     [(Source.CUSTOM, Source.REFERENCE)]),
+    ("c = ext.f(x)\nc @= y\nreturn c", [(Source.DERIVED,)]),
+    ("return x, self.weight", [(Source.INPUT, Source.INPUT)]),
+])
+def test_return_producers(body, expected):
+    assert flows(body) == expected
