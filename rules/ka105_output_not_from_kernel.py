@@ -25,10 +25,16 @@ class OutputNotFromKernel(Rule):
 
     ## Example
     ```python
-    class ModelNew(nn.Module):
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    ext = load_inline(name="mm", cpp_sources=MM_DECLARATION, cuda_sources=MM_KERNEL,
+                      functions=["matmul_cuda"])
+
+    class ModelNew(torch.nn.Module):
         def forward(self, a, b):
             c = ext.matmul_cuda(a, b)
-            return c + (torch.matmul(a, b) - c)
+            return c + (torch.matmul(a, b) - c)  # the kernel's result cancels out
     ```
     """
 

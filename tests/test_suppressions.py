@@ -20,7 +20,9 @@ class ModelNew(torch.nn.Module):
 
 
 def findings(comment: str, config: Config | None = None) -> list[tuple[str, int]]:
-    return [(f.rule, f.line) for f in scan_source(KERNEL.replace("{comment}", comment), config=config)]
+    """KA101 and KA004 findings (the kernel's unused stub draws others, not under test here)."""
+    return [(f.rule, f.line) for f in scan_source(KERNEL.replace("{comment}", comment), config=config)
+            if f.rule in ("KA004", "KA101")]
 
 
 def test_unsuppressed():
