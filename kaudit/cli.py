@@ -12,18 +12,17 @@ from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kaudit import __version__
 from kaudit.api import Report, scan_paths
-from kaudit.config import ConfigError, load_config
+from kaudit.baseline import write_baseline
+from kaudit.config import Config, ConfigError, load_config
 from kaudit.discover import display_path
 from kaudit.gate import EXIT_ERROR, FAIL_ON_CHOICES, exit_code
-from kaudit.graph import KernelGraph, render_dot, render_text
-from kaudit.report import json_report, sarif, text
+from kaudit.report import json_report, text
 from kaudit.rule import all_rules, rule_by_code
 from kaudit.source import SourceModel, read_source
 
@@ -37,6 +36,7 @@ class OutputFormat(str, enum.Enum):
     text = "text"
     json = "json"
     sarif = "sarif"
+    markdown = "markdown"
 
 
 class FailOn(str, enum.Enum):
@@ -73,49 +73,90 @@ def _codes(values: list[str] | None) -> list[str]:
 
 @app.command()
 def scan(
-    paths: Annotated[list[Path], typer.Argument(help="Kernel files or folders (walked recursively).")],
+    paths: Annotated[list[Path], typer.Argument(help="Kernel files, folders or benchmark result trees.")],
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
+    output_dir: Annotated[Optional[Path], typer.Option(help="Write every format into this folder.")] = None,  # noqa: UP007,E501
     select: Annotated[Optional[list[str]], typer.Option(help="Only these codes or prefixes (KA1, KA101), comma-separated.")] = None,  # noqa: UP007,E501
     ignore: Annotated[Optional[list[str]], typer.Option(help="Skip these codes or prefixes.")] = None,  # noqa: UP007
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes.")] = None,  # noqa: UP007,E501
+    baseline: Annotated[Optional[Path], typer.Option(help="Accepted findings (`kaudit baseline write`); only new ones fail.")] = None,  # noqa: UP007,E501
+    baseline_timings: Annotated[Optional[Path], typer.Option(help="baseline_time_torch.json, to turn claimed runtimes into speedups.")] = None,  # noqa: UP007,E501
+    suspicious_speedup: Annotated[Optional[float], typer.Option(help="Claimed speedups above this are suspicious until confirmed (default 10).")] = None,  # noqa: UP007,E501
+    cache_dir: Annotated[Path, typer.Option(help="Cache of per-file results, by content.")] = Path(".kaudit_cache"),  # noqa: E501
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")] = False,  # noqa: E501
 ) -> None:
-    """Scan kernel files and folders."""
+    """Scan kernel files, folders and benchmark result trees."""
+    report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
+                               suspicious_speedup, None if no_cache else cache_dir)
+    if output_dir is not None:
+        _write_all(report, config, output_dir)
+    if output_dir is None or output is not None or output_format is not OutputFormat.text:
+        _write(report, output_format, output, config)
+    threshold = fail_on.value if fail_on else ("never" if output_format is OutputFormat.sarif else "error")
+    raise typer.Exit(exit_code(report, threshold))
+
+
+def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir
+              ) -> tuple[Report, Config]:
     try:
-        config = load_config().with_options(select=_codes(select), ignore=_codes(ignore), jobs=jobs)
+        config = load_config().with_options(
+            select=_codes(select), ignore=_codes(ignore), jobs=jobs,
+            baseline=str(baseline) if baseline else None,
+            baseline_timings=str(timings) if timings else None,
+            suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None)
     except (ConfigError, ValueError) as exc:
         _usage_error(f"configuration error: {exc}")
     progress = _DelayedProgress()
     try:
         report = scan_paths([str(p) for p in paths], config, on_file=progress.update)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigError) as exc:
         _usage_error(str(exc))
     finally:
         progress.stop()
-    rules = [rule for rule in all_rules() if config.is_enabled(rule.code)]
-    _write(report, output_format, output, rules)
-    threshold = fail_on.value if fail_on else ("never" if output_format is OutputFormat.sarif else "error")
-    raise typer.Exit(exit_code(report, threshold))
+    return report, config
 
 
-def _write(report: Report, output_format: OutputFormat, output: Path | None, rules: list) -> None:
-    if output_format is OutputFormat.text:
-        if output is None:
-            text.render(report, Console(highlight=False))
-            return
-        buffer = io.StringIO()
-        text.render(report, Console(file=buffer, no_color=True, highlight=False, width=120))
-        content = buffer.getvalue()
-    elif output_format is OutputFormat.json:
-        content = json_report.render(report)
-    else:
-        content = sarif.render(report, rules)
+def _render(report: Report, output_format: OutputFormat, config: Config) -> str:
+    if output_format is OutputFormat.json:
+        return json_report.render(report)
+    if output_format is OutputFormat.sarif:
+        from kaudit.report import sarif
+
+        return sarif.render(report, [r for r in all_rules() if config.is_enabled(r.code)])
+    if output_format is OutputFormat.markdown:
+        from kaudit.report import markdown
+
+        return markdown.render(report)
+    buffer = io.StringIO()
+    text.render(report, Console(file=buffer, no_color=True, highlight=False, width=140))
+    return buffer.getvalue()
+
+
+def _write(report: Report, output_format: OutputFormat, output: Path | None, config: Config) -> None:
+    if output_format is OutputFormat.text and output is None:
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            console = Console(highlight=False, width=140)  # tables need room in logs and pipes
+        text.render(report, console)
+        return
+    content = _render(report, output_format, config)
     if output is None:
         sys.stdout.write(content)
     else:
         output.write_text(content, encoding="utf-8")
         stderr.print(text.summary(report), highlight=False)
+
+
+def _write_all(report: Report, config: Config, folder: Path) -> None:
+    """Every format at once; SARIF per category, so GitHub accepts each upload."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = {OutputFormat.text: "kaudit.txt", OutputFormat.json: "kaudit.json",
+             OutputFormat.sarif: "kaudit-static.sarif", OutputFormat.markdown: "kaudit.md"}
+    for output_format, name in names.items():
+        (folder / name).write_text(_render(report, output_format, config), encoding="utf-8")
+    stderr.print(f"{text.summary(report)}; reports in {folder}/", highlight=False)
 
 
 class _DelayedProgress:
@@ -158,6 +199,8 @@ def graph(
     model = SourceModel(display_path(str(file)), text_, problem)
     if model.problem is not None:
         _usage_error(f"{model.path}:{model.problem.line}: {model.problem.message}")
+    from kaudit.graph import KernelGraph, render_dot, render_text  # networkx: only here
+
     kernel_graph = KernelGraph.of(model)
     sys.stdout.write(render_dot(kernel_graph) if output_format is GraphFormat.dot
                      else render_text(kernel_graph))
@@ -192,9 +235,29 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. KA101.")
              f"{rule.precision.value} · family: {rule.family()}\n\n"
     console = Console()
     if console.is_terminal:
+        from rich.markdown import Markdown
+
         console.print(Markdown(header + rule.docs().markdown))
     else:
         sys.stdout.write(header + rule.docs().markdown + "\n")
+
+
+baseline_app = typer.Typer(help="Accept the current findings, so that only new ones fail.",
+                           no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("write")
+def baseline_write(
+    paths: Annotated[list[Path], typer.Argument(help="What to scan, as `kaudit scan` would.")],
+    output: Annotated[Path, typer.Option("--output", "-o")] = Path("kaudit-baseline.json"),
+    select: Annotated[Optional[list[str]], typer.Option()] = None,  # noqa: UP007
+    ignore: Annotated[Optional[list[str]], typer.Option()] = None,  # noqa: UP007
+) -> None:
+    """Scan and write the findings as a baseline for `kaudit scan --baseline`."""
+    report, _config = _run_scan(paths, select, ignore, None, None, None, None, None)
+    count = write_baseline(report.findings, str(output))
+    stderr.print(f"kaudit: {count} findings written to {output}", highlight=False)
 
 
 def main() -> None:

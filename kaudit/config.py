@@ -41,6 +41,14 @@ class Config:
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     jobs: int = 1
     root: str = field(default_factory=os.getcwd)
+    #: a claimed speedup above this, not confirmed by a dynamic run, makes a kernel suspicious
+    suspicious_speedup: float = 10.0
+    #: `baseline_time_torch.json` of the benchmark, to turn claimed runtimes into speedups
+    baseline_timings: str | None = None
+    #: findings accepted earlier (`kaudit baseline write`); only new ones gate
+    baseline: str | None = None
+    #: where per-file results are cached by content; None disables the cache
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         for pattern in (*self.select, *self.ignore,
@@ -62,14 +70,19 @@ class Config:
             for glob, codes in self.per_file_ignores)
 
     def with_options(self, *, select: list[str] | None = None, ignore: list[str] | None = None,
-                     jobs: int | None = None) -> Config:
-        """Command-line options: `--select` replaces the file's list, `--ignore` extends it."""
+                     **options: object) -> Config:
+        """Command-line options: `--select` replaces the file's list, `--ignore` extends it, and
+        any other option given (not None) replaces the file's value."""
         return replace(
             self,
             select=tuple(select) if select else self.select,
             ignore=self.ignore + tuple(ignore or ()),
-            jobs=jobs if jobs is not None else self.jobs,
+            **{name: value for name, value in options.items() if value is not None},
         )
+
+    def cache_key(self) -> str:
+        """The options that change what a scan of one file reports."""
+        return repr((self.select, self.ignore, self.per_file_ignores, self.root))
 
 
 def _relative_posix(path: str, root: str) -> str:
@@ -98,7 +111,7 @@ def load_config(start: Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{pyproject}: {exc}") from exc
     table = data.get("tool", {}).get("kaudit", {})
-    known = {"select", "ignore", "per-file-ignores", "jobs"}
+    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup"}
     unknown = set(table) - known
     if unknown:
         raise ConfigError(f"{pyproject}: unknown [tool.kaudit] keys: {', '.join(sorted(unknown))}")
@@ -110,6 +123,7 @@ def load_config(start: Path | None = None) -> Config:
         ignore=_codes(table.get("ignore", []), pyproject),
         per_file_ignores=tuple((glob, _codes(codes, pyproject)) for glob, codes in per_file.items()),
         jobs=int(table.get("jobs", 1)),
+        suspicious_speedup=float(table.get("suspicious-speedup", 10.0)),
         root=str(pyproject.parent),
     )
 

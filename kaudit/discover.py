@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kaudit.findings import ScanError
 
+if TYPE_CHECKING:
+    from kaudit.results import Submission
+
 _SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages"}
+#: kernel modules, and JSONL result files holding kernels as strings
+KERNEL_FILE_SUFFIXES = (".py", ".jsonl")
 
 
 @dataclass(frozen=True)
@@ -18,6 +23,8 @@ class WorkItem:
     file: str  # where to read it
     display: str  # how reports name it: relative to the working directory when under it
     explicit: bool  # named on the command line (scanned even without `ModelNew`)
+    text: str | None = None  # the kernel itself, when it lives inside another file (JSONL)
+    submission: Submission | None = None  # its place in a benchmark results tree
 
 
 def display_path(path: str) -> str:
@@ -46,7 +53,7 @@ def discover(paths: list[str]) -> tuple[list[WorkItem], list[ScanError]]:
             before = len(items)
             _walk(path, add, errors)
             if len(items) == before:
-                errors.append(ScanError(display_path(path), "no Python files found in this folder"))
+                errors.append(ScanError(display_path(path), "no kernel files (.py, .jsonl) found in this folder"))
         else:
             add(path, explicit=True)
     return items, errors
@@ -75,5 +82,5 @@ def _walk(root: str, add, errors: list[ScanError]) -> None:
             kept.append(name)
         subdirs[:] = kept
         for name in sorted(files):
-            if name.endswith(".py"):
+            if name.endswith(KERNEL_FILE_SUFFIXES):
                 add(os.path.join(directory, name), explicit=False)

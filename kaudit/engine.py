@@ -7,6 +7,7 @@ a finding or a `ScanError` for that file; the scan of the other files goes on.
 from __future__ import annotations
 
 import functools
+import hashlib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ class FileResult:
     findings: list[Finding] = field(default_factory=list)
     errors: list[ScanError] = field(default_factory=list)
     skipped: bool = False
+    #: other files the result depends on (extension sources on disk) -> their sha256
+    dependencies: dict[str, str] = field(default_factory=dict)
 
 
 @functools.cache
@@ -53,7 +56,15 @@ def check_model(model: SourceModel, config: Config) -> FileResult:
     findings = apply_suppressions(findings, lines_of, config.is_enabled, _unused_suppression)
     findings.sort(key=lambda f: (f.path, f.line, f.location.column, f.rule))
     result.findings = assign_fingerprints(findings, lines_of)
+    result.dependencies = {path: digest_file(path) or "" for path in model.other_files}
     return result
+
+
+def digest_file(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _unused_suppression(suppression: Suppression) -> Finding:

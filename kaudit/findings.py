@@ -60,6 +60,8 @@ class Finding:
     pass_: str = "static"
     fingerprint: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: against a baseline of accepted findings: "new" or "unchanged"; "" without a baseline
+    baseline_state: str = ""
 
     @property
     def path(self) -> str:
@@ -86,6 +88,8 @@ class Finding:
         }
         if self.metrics:
             data["metrics"] = self.metrics
+        if self.baseline_state:
+            data["baseline_state"] = self.baseline_state
         return data
 
     @classmethod
@@ -101,6 +105,7 @@ class Finding:
             pass_=data.get("pass", "static"),
             fingerprint=data.get("fingerprint", ""),
             metrics=data.get("metrics", {}),
+            baseline_state=data.get("baseline_state", ""),
         )
 
     def with_path(self, path: str) -> Finding:

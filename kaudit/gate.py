@@ -16,6 +16,7 @@ def exit_code(report: Report, fail_on: str) -> int:
     if fail_on == "never":
         return EXIT_CLEAN
     threshold = Level(fail_on).rank
-    failing = any(f.level.rank >= threshold for f in report.findings) or \
-        (report.errors and threshold <= Level.ERROR.rank)
+    # Findings accepted in a baseline ("unchanged") never fail a run; new ones do.
+    failing = any(f.level.rank >= threshold and f.baseline_state != "unchanged"
+                  for f in report.findings) or (report.errors and threshold <= Level.ERROR.rank)
     return EXIT_FINDINGS if failing else EXIT_CLEAN

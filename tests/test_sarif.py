@@ -50,8 +50,9 @@ def assert_github_rules(log: dict) -> None:
         artifact = location["artifactLocation"]
         assert artifact["uriBaseId"] == "%SRCROOT%" and not artifact["uri"].startswith("/")
         region = location["region"]
-        assert region["startLine"] >= 1 and region["startColumn"] >= 1
-        assert (region["endLine"], region["endColumn"]) >= (region["startLine"], region["startColumn"])
+        start = (region["startLine"], region.get("startColumn", 1))
+        assert start >= (1, 1)
+        assert (region.get("endLine", start[0]), region.get("endColumn", start[1])) >= start
         digest, _, occurrence = result["partialFingerprints"]["primaryLocationLineHash"].partition(":")
         assert len(digest) == 16 and occurrence.isdigit()
 
@@ -128,7 +129,7 @@ def test_scan_errors_become_notifications(in_tmp):
     log = render([in_tmp / "empty"])
     validate(log)
     notes = log["runs"][0]["invocations"][0]["toolExecutionNotifications"]
-    assert "no Python files" in notes[0]["message"]["text"]
+    assert "no kernel files" in notes[0]["message"]["text"]
 
 
 def test_cli_sarif_output_file_validates(tmp_path):

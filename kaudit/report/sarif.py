@@ -86,16 +86,23 @@ def _artifact(path: str, root: Path) -> sarif.ArtifactLocation:
 
 def _result(finding: Finding, index: dict[str, int], root: Path) -> sarif.Result:
     loc = finding.location
+    path, message = finding.path, finding.message
     region = sarif.Region(start_line=loc.line, start_column=loc.column,
                           end_line=loc.end_line, end_column=loc.end_column)
+    if "#L" in path:  # a kernel inside a JSONL file: point at its line there
+        path, _, inner = path.partition("#L")
+        record_line, _, field = inner.partition("/")
+        region = sarif.Region(start_line=int(record_line))
+        message = f"{field} line {loc.line}: {message}"
     return sarif.Result(
         rule_id=finding.rule,
         rule_index=index[finding.rule],
         level=finding.level.value,
-        message=sarif.Message(text=finding.message),
+        message=sarif.Message(text=message),
         locations=[sarif.Location(physical_location=sarif.PhysicalLocation(
-            artifact_location=_artifact(finding.path, root), region=region))],
+            artifact_location=_artifact(path, root), region=region))],
         partial_fingerprints={"primaryLocationLineHash": finding.fingerprint},
+        baseline_state=finding.baseline_state or None,
     )
 
 

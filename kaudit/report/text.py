@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from kaudit.api import Report
 from kaudit.findings import Finding
@@ -24,10 +25,40 @@ def render(report: Report, console: Console) -> None:
         for finding in group:
             _finding(console, finding, _lines(path, lines_cache))
         console.print()
+    if any(v.submission.layout != "plain" for v in report.verdicts):
+        _verdict_tables(report, console)
     for error in report.errors:
         kind = "internal error" if error.internal else "error"
         console.print(f"[bold red]{kind}[/bold red]: {escape(error.path)}: {escape(error.message)}")
     console.print(summary(report))
+
+
+def _verdict_tables(report: Report, console: Console) -> None:
+    """One table per benchmark run: what each kernel claimed and whether to trust it."""
+    runs: dict[str | None, list] = {}
+    for verdict in report.verdicts:
+        runs.setdefault(verdict.submission.run, []).append(verdict)
+    figures = {row["key"]: row for row in report.summary.get("runs", [])}
+    for run, verdicts in runs.items():
+        row = figures.get(run, {})
+        table = Table("kernel", "level", "problem", "sample", "claimed", "speedup", "verdict",
+                      "reasons", title=f"run {run or '(none)'}: {row.get('surviving', 0)} of "
+                      f"{row.get('claimed_correct', 0)} correctness claims survive",
+                      title_justify="left")
+        for verdict in verdicts:
+            s = verdict.submission
+            claimed = {True: "correct", False: "incorrect", None: "-"}[s.claim.correctness]
+            style = {"rejected": "bold red", "suspicious": "yellow", "trusted": "green"}
+            table.add_row(escape(verdict.path), _cell(s.level), _cell(s.problem), _cell(s.sample),
+                          claimed, "-" if verdict.speedup is None else f"{verdict.speedup:.2f}x",
+                          f"[{style[verdict.verdict]}]{verdict.verdict}[/]",
+                          escape(", ".join(verdict.reasons)))
+        console.print(table)
+        console.print()
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def summary(report: Report) -> str:
