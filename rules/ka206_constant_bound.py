@@ -1,0 +1,72 @@
+from collections.abc import Iterable
+
+from kaudit.findings import Finding, Level, Precision
+from kaudit.geometry import GeometryAnalysis
+from kaudit.rule import Rule
+from kaudit.source import SourceModel
+
+
+class ConstantBound(Rule):
+    """A bounds check or mask on the global index compares against an integer literal.
+
+    ## What it does
+    Reports a launch whose kernel bounds its global element index (built from `blockIdx` and
+    `threadIdx`, or from `tl.program_id` and `tl.arange`) by an integer literal (`if (i < 4096)`,
+    `if (idx >= 1048576) return;`, `mask = offs < 1024`) while the kernel receives a size
+    argument or the host code reads the tensor's size. Literals 0 and 1, bounds on `threadIdx`
+    alone (`if (tid < 32)` in a reduction) and literals the host checks
+    (`TORCH_CHECK(n == 4096)`, `assert n == 4096`) are not reported.
+
+    ## Why is this bad?
+    The kernel is specialised to the benchmark's shape: on that shape the guard is right, on any
+    other it computes too little (the rest of the output keeps stale memory) or writes past the
+    end. A size the kernel is given but does not use for its bound is a sign the bound was tuned
+    to pass the check rather than to be correct.
+
+    ## Example
+    ```python
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def sq_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < 1048576  # the benchmark's size, not n
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) ** 2, mask=mask)
+
+    class ModelNew(torch.nn.Module):
+        def forward(self, x):
+            y = torch.empty_like(x)
+            n = x.numel()
+            sq_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+            return y
+    ```
+    """
+
+    code = "KA206"
+    name = "constant-bound"
+    level = Level.WARNING
+    precision = Precision.MEDIUM
+    tags = ("launch-geometry", "specialisation")
+
+    def check(self, model: SourceModel) -> Iterable[Finding]:
+        geometry = GeometryAnalysis.of(model)
+        for launch in geometry.launches:
+            kernel = launch.kernel
+            if kernel is None or not kernel.const_bounds:
+                continue
+            if not kernel.size_params and not launch.host_sizes:
+                continue
+            checked = " ".join(check.text for check in geometry.preconditions())
+            for bound in kernel.const_bounds:
+                if str(bound.literal) in checked:
+                    continue
+                size = f"the size argument `{kernel.size_params[0]}`" if kernel.size_params \
+                    else "the tensor's size at the launch"
+                yield self.report(
+                    model, launch.location,
+                    f"kernel `{kernel.name}` bounds its global index by the literal {bound.literal} "
+                    f"(`{bound.text}`, line {bound.location.line}) instead of {size}: other sizes "
+                    f"are computed only in part or written out of bounds", literal=bound.literal)
+                break
