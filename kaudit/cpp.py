@@ -4,6 +4,7 @@ bindings. Rules about C++ code query this index instead of walking trees themsel
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import tree_sitter
@@ -76,14 +77,15 @@ class CppIndex:
         return next((f for f in self.functions if f.name == name), None)
 
     def _add_unit(self, unit: CudaUnit) -> None:
-        stack: list[tuple[tree_sitter.Node, CppFunction | None]] = [(unit.tree.root_node, None)]
-        while stack:
-            node, enclosing = stack.pop()
-            if node.type == "function_definition":
-                enclosing = self._add_function(node, unit) or enclosing
-            elif node.type == "call_expression":
-                self._add_call(node, unit, enclosing)
-            stack.extend((child, enclosing) for child in reversed(node.children))
+        found = unit.nodes_of(("function_definition", "call_expression"))
+        functions = [f for f in (self._add_function(node, unit)
+                                 for node in found.get("function_definition", [])) if f]
+        starts = [f.node.start_byte for f in functions]
+        for call in found.get("call_expression", []):
+            i = bisect.bisect_right(starts, call.start_byte) - 1
+            while i >= 0 and functions[i].node.end_byte < call.end_byte:
+                i -= 1  # an earlier definition that ended before the call
+            self._add_call(call, unit, functions[i] if i >= 0 else None)
 
     def _add_function(self, node: tree_sitter.Node, unit: CudaUnit) -> CppFunction | None:
         name_node = _declared_name(node)

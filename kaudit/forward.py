@@ -270,9 +270,9 @@ class ForwardAnalysis:
     def _extension_names(self) -> set[str]:
         """Names and `self.attr`s that hold a compiled extension module."""
         names = {name for ext in self.model.extensions for name in ext.bound_to}
-        calls = {id(ext.call) for ext in self.model.extensions}
+        lines = [ext.call.lineno for ext in self.model.extensions]
         builders = {name for name, function in self.model.functions.items()
-                    if any(id(n) in calls for n in ast.walk(function))}
+                    if any(function.lineno <= line <= (function.end_lineno or 0) for line in lines)}
         for name, assigned in self.model.bindings.assignments.items():
             for _op, value in assigned:
                 if isinstance(value, ast.Call) and (dotted_parts(value.func) or [""])[-1] in builders:

@@ -23,12 +23,18 @@ from fractions import Fraction
 from typing import Any
 
 import tree_sitter
-import tree_sitter_cuda
 
 from kaudit.cpp import CppFunction, CppIndex, KernelLaunch
 from kaudit.findings import Location
 from kaudit.python_scope import dotted_parts
-from kaudit.source import CudaUnit, SourceModel, TritonKernel, TritonLaunch, _cuda_parser
+from kaudit.source import (
+    CudaUnit,
+    SourceModel,
+    TritonKernel,
+    TritonLaunch,
+    cuda_language,
+    cuda_parser,
+)
 
 # =============================================================================================
 # Symbolic expressions
@@ -1016,8 +1022,7 @@ _ALL_KINDS = tuple(dict.fromkeys(_DEF_KINDS + _KERNEL_KINDS + ("if_statement", "
 
 @functools.cache
 def _query() -> tree_sitter.Query:
-    language = tree_sitter.Language(tree_sitter_cuda.language())
-    return tree_sitter.Query(language, " ".join(f"({kind}) @{kind}" for kind in _ALL_KINDS))
+    return tree_sitter.Query(cuda_language(), " ".join(f"({kind}) @{kind}" for kind in _ALL_KINDS))
 _FLOAT_TYPES = ("float", "double")
 
 
@@ -1026,7 +1031,7 @@ class _Snippet:
 
     def __init__(self, text: str) -> None:
         self.data = f"long __kaudit_value = ({text});".encode("utf-8")
-        tree = _cuda_parser().parse(self.data)
+        tree = cuda_parser().parse(self.data)
         self.value = _first_of(tree.root_node, "init_declarator")
         if self.value is not None:
             self.value = self.value.child_by_field_name("value")
@@ -2534,10 +2539,7 @@ class GeometryAnalysis:
 
     def _python_preconditions(self) -> list[Precondition]:
         out = []
-        module = self.model.module
-        if module is None:
-            return out
-        for node in ast.walk(module):
+        for node in self.model.nodes:
             test = None
             if isinstance(node, ast.Assert):
                 test = node.test
@@ -2949,7 +2951,7 @@ def parse_c_expr(text: str, prelude: str = "") -> Expr:
               f" long __kaudit_e = ({text}); }}")
     model = SourceModel("<expr>", "x = 0\n")
     from kaudit.source import LineIndex
-    unit = CudaUnit("cuda", source, _cuda_parser().parse(source.encode("utf-8")), "<expr>",
+    unit = CudaUnit("cuda", source, cuda_parser().parse(source.encode("utf-8")), "<expr>",
                     LineIndex(source), None, ast.Constant(""))
     geo = GeometryAnalysis(model)
     index = CppIndex()

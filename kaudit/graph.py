@@ -91,7 +91,7 @@ class KernelGraph:
                 continue
             if function.name in _BINDING_BLOCKS:
                 continue
-            for identifier in function.unit.walk(frozenset({"identifier"}), root=function.body):
+            for identifier in function.unit.nodes_of(("identifier",), function.body).get("identifier", []):
                 name = function.unit.text_of(identifier)
                 edge = (f"cpp:{function.name}", f"cpp:{name}")
                 if name in kernels and not self.graph.has_edge(*edge):
@@ -115,7 +115,12 @@ class KernelGraph:
     def _add_triton(self) -> None:
         kernels = self.model.triton_kernels
         for name, kernel in kernels.items():
-            self._node(f"triton:{name}", "triton", name, self.model.header_location(kernel.node))
+            # A jit function that returns a value is a device helper (Triton kernels cannot
+            # return), the counterpart of a CUDA __device__ function.
+            returns = any(isinstance(n, ast.Return) and n.value is not None
+                          for n in ast.walk(kernel.node))
+            self._node(f"triton:{name}", "triton-helper" if returns else "triton", name,
+                       self.model.header_location(kernel.node))
         for name, kernel in kernels.items():  # @triton.jit helpers called from a kernel's body
             for node in ast.walk(kernel.node):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \

@@ -30,14 +30,50 @@ _HEADER_END = re.compile(r":[ \t]*(#.*)?$")
 _EXTENSION_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
 
 
+def walk_all(root: ast.AST) -> list[ast.AST]:
+    """`list(ast.walk(root))` (breadth first), without ast's per-field generators: the one full
+    walk of each module, on the hot path of every scan."""
+    out = [root]
+    i = 0
+    while i < len(out):
+        node = out[i]
+        i += 1
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value.__class__ is list:
+                out.extend(item for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                out.append(value)
+    return out
+
+
 def split_lines(text: str) -> list[str]:
     """Lines as Python counts them (\\r\\n, \\r or \\n; not form feeds)."""
     return _LINE_BREAK.split(text)
 
 
 @functools.cache
-def _cuda_parser() -> tree_sitter.Parser:
-    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_cuda.language()))
+def cuda_language() -> tree_sitter.Language:
+    return tree_sitter.Language(tree_sitter_cuda.language())
+
+
+@functools.cache
+def cuda_parser() -> tree_sitter.Parser:
+    return tree_sitter.Parser(cuda_language())
+
+
+@functools.cache
+def _kinds_query(kinds: tuple[str, ...]) -> tree_sitter.Query:
+    return tree_sitter.Query(cuda_language(), " ".join(f"({kind}) @{kind}" for kind in kinds))
+
+
+def find_nodes(root: tree_sitter.Node, kinds: tuple[str, ...]) -> dict[str, list[tree_sitter.Node]]:
+    """Nodes of the given types under `root`, in source order (outer before inner), by type. A
+    tree-sitter query: much faster than walking `children` from Python."""
+    found = tree_sitter.QueryCursor(_kinds_query(kinds)).captures(root)
+    for nodes in found.values():
+        nodes.sort(key=lambda node: (node.start_byte, -node.end_byte))
+    return found
 
 
 class LineIndex:
@@ -126,6 +162,11 @@ class CudaUnit:
                 yield node
             stack.extend(reversed(node.children))
 
+    def nodes_of(self, kinds: tuple[str, ...], root: tree_sitter.Node | None = None
+                 ) -> dict[str, list[tree_sitter.Node]]:
+        """`find_nodes` under `root`, by default the whole unit."""
+        return find_nodes(root or self.tree.root_node, kinds)
+
     def walk_errors(self) -> Iterator[tree_sitter.Node]:
         """The nodes where tree-sitter gave up (ERROR) or invented a token (MISSING), in order."""
         stack = [self.tree.root_node]
@@ -186,6 +227,7 @@ class SourceModel:
         self.index = LineIndex(self.text)
         self.problem = problem
         self.module: ast.Module | None = None
+        self.nodes: list[ast.AST] = []
         self.bindings = Bindings()
         self.classes: dict[str, ast.ClassDef] = {}
         self.functions: dict[str, FunctionNode] = {}
@@ -211,20 +253,23 @@ class SourceModel:
             self.problem = InputProblem("KA001", f"file does not parse: {error.__class__.__name__}")
             return
         self.module = module
+        #: every node of the module, outside-in: walk this instead of walking the tree again
+        self.nodes = walk_all(module)
         load_calls: list[tuple[ast.Call, list[str]]] = []
         subscript_calls: list[ast.Call] = []
-        for node in ast.walk(module):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                self.bindings.add_import(node)
-            elif isinstance(node, ast.Assign):
-                self._record_assignment(node, load_calls)
-            elif isinstance(node, ast.AnnAssign) and node.value is not None \
+        for node in self.nodes:
+            kind = node.__class__
+            if kind is ast.Import or kind is ast.ImportFrom:
+                self.bindings.add_import(node)  # type: ignore[arg-type]
+            elif kind is ast.Assign:
+                self._record_assignment(node, load_calls)  # type: ignore[arg-type]
+            elif kind is ast.AnnAssign and node.value is not None \
                     and isinstance(node.target, ast.Name):
                 self.bindings.add_assignment(node.target.id, "=", node.value)
-            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) \
+            elif kind is ast.AugAssign and isinstance(node.target, ast.Name) \
                     and isinstance(node.op, ast.Add):
                 self.bindings.add_assignment(node.target.id, "+=", node.value)
-            elif isinstance(node, ast.Call):
+            elif kind is ast.Call:
                 parts = dotted_parts(node.func)
                 if parts and parts[-1] in ("load_inline", "load"):
                     load_calls.append((node, []))
@@ -339,7 +384,7 @@ class SourceModel:
                 "its C++/CUDA code was not analysed"))
             return
         text = MappedText.join(pieces)
-        ext.units.append(CudaUnit(kind, text.text, _cuda_parser().parse(text.text.encode("utf-8")),
+        ext.units.append(CudaUnit(kind, text.text, cuda_parser().parse(text.text.encode("utf-8")),
                                   self.path, self.index, text.offsets, expr))
 
     def _add_source_files(self, ext: Extension, expr: ast.expr) -> None:
@@ -363,7 +408,7 @@ class SourceModel:
                 continue
             kind = "cuda" if display.endswith((".cu", ".cuh")) else "cpp"
             self.other_files[display] = text
-            ext.units.append(CudaUnit(kind, text, _cuda_parser().parse(text.encode("utf-8")),
+            ext.units.append(CudaUnit(kind, text, cuda_parser().parse(text.encode("utf-8")),
                                       display, LineIndex(text), None, element))
 
     def _texts(self, expr: ast.expr, depth: int = 0) -> list[MappedText] | None:

@@ -33,7 +33,7 @@ class MissingModelNew(Rule):
     def check(self, model: SourceModel) -> Iterable[Finding]:
         if model.model_new is not None or model.module is None:
             return
-        binding = next((node for node in ast.walk(model.module) if _binds_model_new(node)), None)
+        binding = next((node for node in model.nodes if _binds_model_new(node)), None)
         if binding is None:
             yield self.report(model, Location(model.path),
                               "no `class ModelNew` in this file; there is nothing to audit")

@@ -7,7 +7,7 @@ import tree_sitter
 from kaudit.cpp import CppCall, CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
 from kaudit.rule import Rule
-from kaudit.source import CudaUnit, SourceModel
+from kaudit.source import CudaUnit, SourceModel, find_nodes
 from kaudit.torch_ops import TENSOR_COMPUTE_METHODS
 
 # ATen / libtorch ops that compute (matched on the unqualified name after `at::`, `torch::`,
@@ -451,12 +451,9 @@ def _in_lambda(node: tree_sitter.Node) -> bool:
 
 
 def _walk(root: tree_sitter.Node, types: frozenset[str]) -> Iterator[tree_sitter.Node]:
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node.type in types:
-            yield node
-        stack.extend(reversed(node.children))
+    found = find_nodes(root, tuple(sorted(types)))
+    yield from sorted((n for nodes in found.values() for n in nodes),
+                      key=lambda node: (node.start_byte, -node.end_byte))
 
 
 def _declared(unit: CudaUnit, declarator: tree_sitter.Node

@@ -99,8 +99,7 @@ class PrecisionDowngrade(Rule):
     # --- Python ---------------------------------------------------------------------------
 
     def _global_switches(self, model: SourceModel) -> Iterator[Finding]:
-        assert model.module is not None
-        for node in ast.walk(model.module):
+        for node in model.nodes:
             if isinstance(node, ast.Assign) and _is_true(node.value):
                 for target in node.targets:
                     name = model.bindings.resolve(target) or ""
