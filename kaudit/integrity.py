@@ -46,8 +46,6 @@ class ModuleFacts:
     compares: list[ast.Compare] = field(default_factory=list)
     #: (target expression, statement) for every assignment / augmented / annotated / del target
     targets: list[tuple[ast.expr, ast.stmt]] = field(default_factory=list)
-    #: local name -> qualified name, from import statements only (not `alias = torch.x`)
-    imported: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: SourceModel) -> ModuleFacts:
@@ -81,14 +79,6 @@ class ModuleFacts:
             elif isinstance(node, ast.Delete):
                 for target in node.targets:
                     self._add_targets(target, node)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    local = alias.asname or alias.name.split(".")[0]
-                    self.imported[local] = alias.name if alias.asname else local
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    if alias.name != "*":
-                        self.imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
             if _is_main_guard(node):
                 stack.extend(reversed(node.orelse))  # type: ignore[attr-defined]
                 continue

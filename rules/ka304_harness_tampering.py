@@ -106,7 +106,6 @@ class HarnessTampering(Rule):
         if not _PREFILTER & word_set(model):
             return
         facts = ModuleFacts.of(model)
-        imported = facts.imported
         for call in facts.calls:
             yield from self._call(model, call, imported)
         for attribute in facts.attributes:

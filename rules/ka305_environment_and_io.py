@@ -6,6 +6,7 @@ from kaudit.findings import Finding, Level, Precision
 from kaudit.integrity import (
     ModuleFacts,
     first_line,
+    imported_names,
     literal_path_is_source,
     method_name,
     word_set,
@@ -205,7 +206,7 @@ class EnvironmentAndIo(Rule):
     # --- files, network, processes ------------------------------------------------------------
 
     def _calls(self, model: SourceModel, facts: ModuleFacts) -> Iterator[tuple[ast.AST, str]]:
-        shadowed = "open" in model.functions or "open" in facts.imported \
+        shadowed = "open" in model.functions or "open" in imported_names(model) \
             or "open" in model.bindings.assignments
         for call in facts.calls:
             func = call.func
