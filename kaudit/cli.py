@@ -124,7 +124,8 @@ def _render(report: Report, output_format: OutputFormat, config: Config) -> str:
     if output_format is OutputFormat.sarif:
         from kaudit.report import sarif
 
-        return sarif.render(report, [r for r in all_rules() if config.is_enabled(r.code)])
+        return sarif.render(report, [r for r in all_rules()
+                                     if r.audit == "static" and config.is_enabled(r.code)])
     if output_format is OutputFormat.markdown:
         from kaudit.report import markdown
 
@@ -258,6 +259,35 @@ def baseline_write(
     report, _config = _run_scan(paths, select, ignore, None, None, None, None, None)
     count = write_baseline(report.findings, str(output))
     stderr.print(f"kaudit: {count} findings written to {output}", highlight=False)
+
+
+@app.command()
+def problems(
+    paths: Annotated[list[Path], typer.Argument(help="KernelBench problem files (class Model, get_inputs, get_init_inputs) or folders of them.")],  # noqa: E501
+    tolerance: Annotated[Optional[str], typer.Option(help="The check to audit: kernelbench (default: 1e-4 fp32, 1e-2 fp16/bf16), kernelbench-v0 (1e-2), robust-kbench (1e-5).")] = None,  # noqa: UP007,E501
+    atol: Annotated[Optional[float], typer.Option(help="A custom check: absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
+    rtol: Annotated[Optional[float], typer.Option(help="A custom check: relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    seeds: Annotated[int, typer.Option(min=1, help="Input seeds per problem.")] = 3,
+    scales: Annotated[str, typer.Option(help="Input scale factors for the conditioning probe.")] = "1e-3,1,1e3",  # noqa: E501
+    timeout: Annotated[float, typer.Option(help="Seconds per problem before its process is killed.")] = 300.0,  # noqa: E501
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Problems run at once (on one GPU they share its memory).")] = 1,  # noqa: E501
+    output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
+    fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
+) -> None:
+    """Audit benchmark problems: can their correctness check tell a real kernel from a trivial
+    one? Each problem runs in a child process; needs torch (the `dynamic` extra)."""
+    from kaudit.dynamic.problems_cli import ProblemsUsageError, run_command  # torch: only here
+
+    try:
+        code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,
+                           seeds=seeds, scales=scales, timeout=timeout, jobs=jobs,
+                           output_format=output_format.value, output=output,
+                           fail_on=fail_on.value if fail_on else None)
+    except ProblemsUsageError as exc:
+        _usage_error(str(exc))
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ class FileResult:
 
 @functools.cache
 def _enabled_rules(config: Config) -> tuple[Rule, ...]:
-    return tuple(rule() for rule in all_rules() if config.is_enabled(rule.code))
+    return tuple(rule() for rule in all_rules()
+                 if rule.audit == "static" and config.is_enabled(rule.code))
 
 
 def check_model(model: SourceModel, config: Config) -> FileResult:

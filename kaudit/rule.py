@@ -63,6 +63,8 @@ class Rule:
     tags: ClassVar[tuple[str, ...]] = ()
     #: False for rules that report files the engine could not parse or read
     needs_module: ClassVar[bool] = True
+    #: which audit reports the rule: "static" (`kaudit scan`) or "problems" (`kaudit problems`)
+    audit: ClassVar[str] = "static"
 
     def check(self, model: SourceModel) -> Iterable[Finding]:
         """The rule's findings for one file. Rules the engine emits itself (KA004) keep this."""

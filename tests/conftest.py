@@ -8,6 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 RULE_FIXTURES = FIXTURES / "rules"
+PROBLEM_FIXTURES = FIXTURES / "problems"
 SARIF_SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 
 _EXPECT = re.compile(rb"(?:#|//)\s*expect:\s*(K[ADP]\d{3}(?:\s*,\s*K[ADP]\d{3})*)")
@@ -25,6 +26,11 @@ def expected_findings(path: Path) -> set[tuple[str, int]]:
 
 def rule_fixtures() -> list[Path]:
     return sorted(p for p in RULE_FIXTURES.glob("*/*") if p.is_file() and p.suffix == ".py")
+
+
+def problem_fixtures() -> list[Path]:
+    """Benchmark problem files for the KP rules (`kaudit problems`), marked like rule fixtures."""
+    return sorted(PROBLEM_FIXTURES.glob("*.py"))
 
 
 @pytest.fixture

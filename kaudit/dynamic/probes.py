@@ -1,0 +1,157 @@
+"""The probes of `kaudit problems`, computed in the kaudit process from the reference outputs a
+child returned. Pure functions over CPU tensors; torch is imported by the caller's module only.
+
+The check they model is the harnesses': `torch.allclose(reference, candidate, atol, rtol)`, i.e.
+`|reference - candidate| <= atol + rtol * |candidate|` elementwise, NaN never equal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: outputs whose seeds differ by less than this share of max|y| are "input-independent"
+SAME_OUTPUT_RELATIVE = 1e-6
+#: float and float64 references farther apart than this (relative L2): the output is noise
+NOISE_RELATIVE_L2 = 0.1
+#: recommended thresholds: this many times the measured native-vs-float64 gap ...
+MARGIN = 10.0
+#: ... and never below this many machine epsilons of the output dtype
+FLOOR_EPS = 10.0
+#: KP201: the median element's allowed relative error is at least this many times rtol
+LOOSENESS = 10.0
+#: KP103 on a sampled output: the sampled pairs must pass with this share of the tolerance
+SAMPLED_PAIR_SHARE = 0.5
+
+
+def is_float(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def passes(reference: torch.Tensor, candidate: torch.Tensor, atol: float, rtol: float) -> bool:
+    """The harness's check, in the reference's dtype (integers and bools compared as float64)."""
+    if not is_float(reference):
+        reference, candidate = reference.double(), candidate.double()
+    return bool(torch.allclose(reference, candidate.to(reference.dtype), atol=atol, rtol=rtol))
+
+
+def constant_for(low: float, high: float, atol: float, rtol: float) -> float | None:
+    """A constant c with |y - c| <= atol + rtol*|c| for every y in [low, high], or None.
+
+    For c >= 0 the condition is (high - atol)/(1 + rtol) <= c <= (low + atol)/(1 - rtol); for c < 0
+    it is (high - atol)/(1 - rtol) <= c <= (low + atol)/(1 + rtol). The midpoint of a non-empty
+    interval nearest to the middle of [low, high] is returned (callers verify it with the real
+    check, which also rounds to the dtype).
+    """
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    middle = (low + high) / 2
+    for start, stop in (((high - atol) / (1 - rtol), min(0.0, (low + atol) / (1 + rtol))),
+                        (max(0.0, (high - atol) / (1 + rtol)), (low + atol) / (1 - rtol))):
+        if start <= stop:
+            return min(max(middle, start), stop)
+    return None
+
+
+def constant_passes(references: list[torch.Tensor], atol: float, rtol: float
+                    ) -> tuple[bool, float | None]:
+    """Whether one constant output passes against every reference, and that constant."""
+    if any(r.numel() == 0 for r in references):
+        return False, None
+    low = min(float(r.double().min()) for r in references)
+    high = max(float(r.double().max()) for r in references)
+    if any(not bool(torch.isfinite(r.double()).all()) for r in references):
+        return False, None
+    value = constant_for(low, high, atol, rtol)
+    if value is None:
+        return False, None
+    ok = all(passes(r, torch.full_like(r, value if is_float(r) else round(value)), atol, rtol)
+             for r in references)
+    return ok, value if ok else None
+
+
+@dataclass(frozen=True)
+class Gap:
+    """How far a native-dtype output is from its float64 twin."""
+
+    rel_l2: float
+    max_rel: float
+    #: NaN/Inf in the native output where the float64 one is finite
+    native_nonfinite: int
+    #: NaN/Inf in the float64 output
+    reference_nonfinite: int
+
+    def to_dict(self) -> dict:
+        return {"rel_l2": _json_float(self.rel_l2), "max_rel": _json_float(self.max_rel),
+                "native_nonfinite": self.native_nonfinite,
+                "reference_nonfinite": self.reference_nonfinite}
+
+
+def gap(native: torch.Tensor, reference: torch.Tensor) -> Gap:
+    a, b = native.double().flatten(), reference.double().flatten()
+    if a.shape != b.shape:
+        raise ValueError(f"float64 output has {b.numel()} elements, native {a.numel()}")
+    finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
+    reference_nonfinite = int((~finite_b).sum())
+    native_nonfinite = int((~finite_a & finite_b).sum())
+    both = finite_a & finite_b
+    error, base = (a - b)[both], b[both]
+    return Gap(_ratio(float(error.norm()) if error.numel() else 0.0,
+                      float(base.norm()) if base.numel() else 0.0),
+               _ratio(float(error.abs().max()) if error.numel() else 0.0,
+                      float(base.abs().max()) if base.numel() else 0.0),
+               native_nonfinite, reference_nonfinite)
+
+
+def combine(gaps: list[Gap]) -> Gap:
+    return Gap(max(g.rel_l2 for g in gaps), max(g.max_rel for g in gaps),
+               sum(g.native_nonfinite for g in gaps), sum(g.reference_nonfinite for g in gaps))
+
+
+def floor_for(dtype: torch.dtype) -> float:
+    return FLOOR_EPS * torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
+def absolute_dominance(reference: torch.Tensor, atol: float, rtol: float) -> dict:
+    """How much of the check is its absolute part at this output's scale."""
+    magnitude = reference.double().abs().flatten()
+    magnitude = magnitude[torch.isfinite(magnitude)]
+    if magnitude.numel() == 0:
+        return {"share": None, "median_abs": None, "effective_rtol_at_median": None}
+    share = float((atol > rtol * magnitude).double().mean())
+    median = float(magnitude.median())
+    effective = (atol + rtol * median) / median if median > 0 else math.inf
+    return {"share": share, "median_abs": median,
+            "effective_rtol_at_median": _json_float(effective)}
+
+
+def summary_stats(tensors: list[torch.Tensor]) -> dict:
+    """max|y|, std, min, max, mean over the finite elements of several outputs."""
+    values = torch.cat([t.double().flatten() for t in tensors]) if tensors else torch.zeros(0)
+    finite = values[torch.isfinite(values)]
+    nonfinite = int(values.numel() - finite.numel())
+    if finite.numel() == 0:
+        return {"max_abs": None, "std": None, "mean": None, "min": None, "max": None,
+                "nan": int(torch.isnan(values).sum()), "inf": int(torch.isinf(values).sum()),
+                "nonfinite": nonfinite}
+    return {"max_abs": float(finite.abs().max()),
+            "std": float(finite.std(unbiased=False)) if finite.numel() > 1 else 0.0,
+            "mean": float(finite.mean()), "min": float(finite.min()), "max": float(finite.max()),
+            "nan": int(torch.isnan(values).sum()), "inf": int(torch.isinf(values).sum()),
+            "nonfinite": nonfinite}
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    if denominator > 0:
+        return numerator / denominator
+    return 0.0 if numerator == 0 else math.inf
+
+
+def _json_float(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,0 +1,313 @@
+"""The child side of `kaudit problems`: runs one KernelBench problem and saves its outputs.
+
+Runs only inside `kaudit.dynamic.child` (never in the kaudit process). For a problem file it:
+imports the file, builds `Model(*get_init_inputs())` under the init seed, moves it to the device,
+and for each seed calls `get_inputs()` under that seed and runs `forward` (under `no_grad`, the
+model left in the mode its constructor chose, as the harness does); for the first seed it also
+runs a float64 copy of the model on the same inputs (cast to float64), and the first seed's inputs
+scaled by each factor in `scales`, in the native dtype and in float64.
+
+Every output component is saved with `torch.save` as two CPU tensors, `[values, extremes]`:
+- outputs of at most `max_elements` elements: the whole tensor, and an empty `extremes`;
+- larger outputs (current KernelBench level 1 has 1.6e9-element outputs): the values at a fixed
+  random set of `max_elements` flat positions (the same positions for every seed and scale, so
+  seeds and float64 twins compare position by position), and the values at the minimum, maximum
+  and largest magnitude (NaN-aware), so that max|y|, min and max stay exact.
+`manifest.json` in the output folder records, after every step, the files so far with their
+layout (shape, dtype, numel, sampled, NaN and Inf counts), so a run that times out or crashes late
+still hands back what it finished. The float64 and scaled runs are optional: their errors are
+recorded and the job goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+from typing import Any
+
+from kaudit.dynamic.child import is_oom, phase, write_json
+
+MANIFEST = "manifest.json"
+REQUIRED = ("Model", "get_inputs", "get_init_inputs")
+#: outputs larger than this are sampled (see the module docstring)
+MAX_ELEMENTS = 1 << 25
+SAMPLE_SEED = 20251129
+#: bytes of each input tensor hashed to tell whether inputs change with the seed
+DIGEST_BYTES = 1 << 22
+
+
+class ProblemFormatError(Exception):
+    """The file is not a KernelBench problem (a required name is missing or of the wrong kind)."""
+
+
+class OutputTypeError(Exception):
+    """forward returned something other than tensors or numbers."""
+
+
+def run_problem(args: dict, out_dir: str) -> dict:
+    import torch
+
+    manifest: dict[str, Any] = {"phase": "device", "complete": False, "seeds": [], "scales": [],
+                                "fp64_error": None, "torch": torch.__version__, "timings": {},
+                                "files": {}}
+    saver = _Saver(torch, out_dir, int(args.get("max_elements", MAX_ELEMENTS)), manifest)
+
+    def step(name: str) -> None:
+        manifest["phase"] = name
+        write_json(os.path.join(out_dir, MANIFEST), manifest)
+
+    step("device")
+    with phase("device"):
+        device = torch.device(args.get("device", "cpu"))
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("CUDA requested but torch.cuda.is_available() is False")
+            manifest["device_name"] = torch.cuda.get_device_name(device)
+        else:
+            manifest["device_name"] = "cpu"
+        manifest["device"] = str(device)
+    step("import")
+    started = time.monotonic()
+    with phase("import"):
+        module = _import_problem(args["path"])
+    step("init")
+    with phase("init"):
+        torch.manual_seed(int(args.get("init_seed", 42)))
+        init_inputs = module.get_init_inputs()
+        model = module.Model(*init_inputs)
+        reference64, fp64_error = _float64_copy(model, torch) if args.get("fp64", True) \
+            else (None, "float64 run disabled")
+        manifest["fp64_error"] = fp64_error
+        model = model.to(device)
+        if reference64 is not None:
+            reference64 = reference64.to(device)
+        _synchronize(torch, device)
+    manifest["timings"]["build_s"] = round(time.monotonic() - started, 3)
+
+    first_inputs = None
+    for seed in args["seeds"]:
+        record: dict[str, Any] = {"seed": seed, "native": None, "fp64": None}
+        step("inputs")
+        with phase("inputs"):
+            torch.manual_seed(seed)
+            inputs = module.get_inputs()
+            if not isinstance(inputs, (list, tuple)):
+                raise ProblemFormatError(
+                    f"get_inputs() returned {type(inputs).__name__}, not a list")
+            inputs = list(inputs)
+            record["inputs"] = _digest(inputs, torch)
+        step("forward")
+        started = time.monotonic()
+        on_device = _to_device(inputs, device, None, torch)
+        del inputs
+        if first_inputs is None:  # kept on the device for the float64 and scaled runs, and
+            # copied, in case forward changes its inputs in place
+            first_inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in on_device]
+            first_seed = True
+        else:
+            first_seed = False
+        with phase("forward"):
+            torch.manual_seed(seed)
+            outputs, kind = _forward(model, on_device, device, torch)
+        manifest["timings"].setdefault("forward_s", round(time.monotonic() - started, 3))
+        manifest["output_kind"] = kind
+        record["native"] = saver.save(outputs, f"seed{seed}.pt")
+        del outputs
+        manifest["seeds"].append(record)
+        del on_device
+        if first_seed:
+            if reference64 is not None:
+                step("fp64")
+                started = time.monotonic()
+                try:
+                    torch.manual_seed(seed)
+                    outputs, _ = _forward(reference64,
+                                          _to_device(first_inputs, device, torch.float64, torch),
+                                          device, torch)
+                    record["fp64"] = saver.save(outputs, f"seed{seed}_fp64.pt")
+                    del outputs
+                except Exception as exc:  # noqa: BLE001 - float64 is optional
+                    manifest["fp64_error"] = _describe(exc)
+                    reference64 = None
+                    _free(torch, device)
+                manifest["timings"]["fp64_s"] = round(time.monotonic() - started, 3)
+        step("seed-done")
+
+    for scale in args.get("scales", []):
+        if scale == 1:
+            continue
+        record = {"scale": scale, "native": None, "fp64": None, "error": None, "fp64_error": None}
+        manifest["scales"].append(record)
+        step("scale")
+        try:
+            torch.manual_seed(args["seeds"][0])
+            scaled = [_scale(value, scale, torch) for value in first_inputs or []]
+            outputs, _ = _forward(model, scaled, device, torch)
+            del scaled
+            record["native"] = saver.save(outputs, f"scale{scale:g}.pt")
+            del outputs
+        except Exception as exc:  # noqa: BLE001
+            record["error"] = _describe(exc)
+            _free(torch, device)
+        if reference64 is not None and record["native"]:
+            step("scale-fp64")
+            try:
+                torch.manual_seed(args["seeds"][0])
+                scaled = _to_device([_scale(value, scale, torch) for value in first_inputs or []],
+                                    device, torch.float64, torch)
+                outputs, _ = _forward(reference64, scaled, device, torch)
+                del scaled
+                record["fp64"] = saver.save(outputs, f"scale{scale:g}_fp64.pt")
+                del outputs
+            except Exception as exc:  # noqa: BLE001
+                record["fp64_error"] = _describe(exc)
+                _free(torch, device)
+        elif reference64 is None:
+            record["fp64_error"] = manifest["fp64_error"] or "no float64 reference"
+    manifest["complete"] = True
+    step("done")
+    return manifest
+
+
+class _Saver:
+    """Writes outputs as `[values, extremes]` per component and records their layout."""
+
+    def __init__(self, torch: Any, out_dir: str, max_elements: int, manifest: dict) -> None:
+        self.torch, self.out_dir, self.max_elements = torch, out_dir, max_elements
+        self.manifest = manifest
+        self.positions: dict[int, Any] = {}
+        # bound now: the problem module may rebind torch functions later on
+        self.isnan, self.isinf = torch.isnan, torch.isinf
+        self.argmin, self.argmax = torch.argmin, torch.argmax
+
+    def save(self, outputs: list, name: str) -> str:
+        torch = self.torch
+        tensors, layout = [], []
+        for output in outputs:
+            numel = output.numel()
+            entry = {"shape": list(output.shape), "dtype": str(output.dtype).removeprefix("torch."),
+                     "numel": numel, "sampled": numel > self.max_elements}
+            if entry["sampled"]:
+                flat = output.detach().reshape(-1)
+                positions = self._positions(numel).to(flat.device)
+                if flat.is_complex():
+                    extremes = self.argmax(flat.abs()).reshape(1)
+                else:
+                    key = flat.to(torch.uint8) if flat.dtype == torch.bool else flat
+                    extremes = torch.stack([self.argmin(key), self.argmax(key),
+                                            self.argmax(key.abs())])
+                tensors += [flat[positions].cpu(), flat[extremes].cpu()]
+                entry["nan"] = int(self.isnan(flat).sum()) if flat.is_floating_point() else 0
+                entry["inf"] = int(self.isinf(flat).sum()) if flat.is_floating_point() else 0
+                del positions, flat
+            else:
+                tensors += [output.detach().cpu().contiguous(), torch.zeros(0, dtype=output.dtype)]
+            layout.append(entry)
+        torch.save(tensors, os.path.join(self.out_dir, name))
+        self.manifest["files"][name] = layout
+        return name
+
+    def _positions(self, numel: int) -> Any:
+        if numel not in self.positions:
+            generator = self.torch.Generator().manual_seed(SAMPLE_SEED)
+            self.positions[numel] = self.torch.randint(numel, (self.max_elements,),
+                                                       generator=generator)
+        return self.positions[numel]
+
+
+def _import_problem(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("kaudit_problem", path)
+    if spec is None or spec.loader is None:
+        raise ProblemFormatError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kaudit_problem"] = module
+    spec.loader.exec_module(module)
+    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
+    if missing:
+        raise ProblemFormatError(
+            f"not a KernelBench problem: no {', '.join(missing)} defined at module level")
+    return module
+
+
+def _float64_copy(model: Any, torch: Any) -> tuple[Any, str | None]:
+    try:
+        return copy.deepcopy(model).to(torch.float64), None
+    except Exception as exc:  # noqa: BLE001
+        return None, _describe(exc)
+
+
+def _forward(model: Any, inputs: list, device: Any, torch: Any) -> tuple[list, str]:
+    with torch.no_grad():
+        result = model(*inputs)
+    _synchronize(torch, device)
+    with phase("output"):
+        return _as_tensors(result, torch)
+
+
+def _as_tensors(result: Any, torch: Any) -> tuple[list, str]:
+    if isinstance(result, torch.Tensor):
+        return [result], "tensor"
+    if isinstance(result, (bool, int, float)):
+        return [torch.tensor(result)], "number"
+    if isinstance(result, (list, tuple)) and result:
+        tensors = []
+        for item in result:
+            if isinstance(item, torch.Tensor):
+                tensors.append(item)
+            elif isinstance(item, (bool, int, float)):
+                tensors.append(torch.tensor(item))
+            else:
+                raise OutputTypeError(f"forward returned a {type(result).__name__} holding a "
+                                      f"{type(item).__name__}")
+        return tensors, "sequence"
+    raise OutputTypeError(f"forward returned {type(result).__name__}, not a tensor")
+
+
+def _to_device(values: list, device: Any, dtype: Any, torch: Any) -> list:
+    moved = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+        moved.append(value)
+    return moved
+
+
+def _scale(value: Any, factor: float, torch: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value * factor
+    return value
+
+
+def _digest(values: list, torch: Any) -> str:
+    """Tells whether `get_inputs()` gives different inputs for different seeds."""
+    digest = hashlib.sha256()
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            data = value.detach().cpu().contiguous().flatten()
+            digest.update(f"{tuple(value.shape)}{value.dtype}".encode())
+            raw = data.view(torch.uint8) if data.numel() else data
+            digest.update(bytes(raw[:DIGEST_BYTES].numpy()) if data.numel() else b"")
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()[:16]
+
+
+def _describe(exc: BaseException) -> str:
+    kind = "out of memory: " if is_oom(exc) else ""
+    return f"{kind}{type(exc).__name__}: {str(exc)[:500]}"
+
+
+def _synchronize(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,114 @@
+"""The body of `kaudit problems` (kaudit/cli.py holds only its option declarations): option
+checks, the progress bar, output and the exit code."""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kaudit.gate import exit_code
+
+FORMATS = ("text", "json", "sarif", "markdown")
+
+
+class ProblemsUsageError(ValueError):
+    """A bad option or path: the CLI prints it and exits 2."""
+
+
+def parse_scales(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise ProblemsUsageError(f"--scales: not a comma-separated list of numbers: {text!r}") \
+            from exc
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ProblemsUsageError("--scales: give positive, finite factors, e.g. 1e-3,1,1e3")
+    return tuple(dict.fromkeys(values))
+
+
+def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
+                rtol: float | None, device: str, seeds: int, scales: str, timeout: float,
+                jobs: int, output_format: str, output: Path | None, fail_on: str | None) -> int:
+    from kaudit.dynamic.tolerance import resolve
+
+    try:
+        chosen = resolve(tolerance, atol, rtol)
+    except ValueError as exc:
+        raise ProblemsUsageError(str(exc)) from exc
+    if seeds < 1 or timeout <= 0 or jobs < 1:
+        raise ProblemsUsageError("--seeds and --jobs must be at least 1, --timeout positive")
+    if output_format not in FORMATS:
+        raise ProblemsUsageError(f"--format must be one of {', '.join(FORMATS)}")
+    try:
+        import torch  # noqa: F401 - the parent needs torch to load and compare outputs
+    except ImportError as exc:
+        raise ProblemsUsageError("`kaudit problems` needs PyTorch: pip install 'kaudit[dynamic]'"
+                                 ) from exc
+    from kaudit.dynamic import problems_report
+    from kaudit.dynamic.problems import Options, audit_problems
+
+    options = Options(chosen, device=device, seeds=seeds, scales=parse_scales(scales),
+                      timeout=timeout, jobs=jobs)
+    progress = _DelayedProgress()
+    try:
+        report = audit_problems([str(p) for p in paths], options, on_problem=progress.update)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ProblemsUsageError(str(exc)) from exc
+    finally:
+        progress.stop()
+
+    if output_format == "text" and output is None:
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            console = Console(highlight=False, width=160)
+        problems_report.render_text(report, console)
+    else:
+        if output_format == "json":
+            content = problems_report.render_json(report)
+        elif output_format == "sarif":
+            content = problems_report.render_sarif(report)
+        elif output_format == "markdown":
+            content = problems_report.render_markdown(report)
+        else:
+            buffer = io.StringIO()
+            problems_report.render_text(report, Console(file=buffer, width=160, no_color=True,
+                                                        highlight=False))
+            content = buffer.getvalue()
+        if output is None:
+            sys.stdout.write(content)
+        else:
+            output.write_text(content, encoding="utf-8")
+            Console(stderr=True).print(problems_report.summary_lines(report)[-1],
+                                       highlight=False)
+    threshold = fail_on or ("never" if output_format == "sarif" else "error")
+    return exit_code(report.as_scan_report(), threshold)
+
+
+class _DelayedProgress:
+    """A progress bar on stderr, on a terminal only, once the audit has run for a second."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.console = Console(stderr=True)
+        self.bar: Progress | None = None
+        self.task = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            if not self.console.is_terminal or time.monotonic() - self.started < 1.0:
+                return
+            self.bar = Progress(TextColumn("running problems"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("problems", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

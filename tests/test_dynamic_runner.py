@@ -1,0 +1,189 @@
+"""The isolated job runner (`kaudit.dynamic.runner`): results, failures as statuses, the scrubbed
+environment, the fresh working folder, the process-group kill and safe loading of outputs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from kaudit.dynamic.runner import CRASHED, ERROR, OK, OOM, TIMEOUT, Job, OutputError, run_job
+
+JOBS = '''
+import json, os, subprocess, sys, time
+
+def echo(args, out_dir):
+    return {"args": args, "cwd": os.getcwd(), "env": sorted(os.environ),
+            "secret": os.environ.get("KAUDIT_TEST_SECRET"),
+            "torch_home": os.environ.get("TORCH_HOME"), "files_in_cwd": os.listdir(".")}
+
+def write_file(args, out_dir):
+    open("left_behind.txt", "w").write("x")
+    open(os.path.join(out_dir, "data.json"), "w").write(json.dumps({"n": 3}))
+    os.symlink("/etc/hostname", os.path.join(out_dir, "link.json"))
+    return {"cwd": os.getcwd()}
+
+def boom(args, out_dir):
+    raise ValueError("boom: " + args["why"])
+
+def sleep(args, out_dir):
+    time.sleep(3600)
+
+def hard_exit(args, out_dir):
+    os._exit(3)
+
+def abort(args, out_dir):
+    os.abort()
+
+def allocate(args, out_dir):
+    blob = bytearray(args["bytes"])
+    return len(blob)
+
+def not_json(args, out_dir):
+    return {"value": object()}
+
+def orphan(args, out_dir):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    return {"pid": child.pid}
+
+def tensors(args, out_dir):
+    import torch
+    torch.save([torch.arange(4.0)], os.path.join(out_dir, "ok.pt"))
+    torch.save({"not": "tensors"}, os.path.join(out_dir, "dict.pt"))
+    return {}
+
+class Trap:
+    def __reduce__(self):
+        return (os.system, ("touch " + os.environ["TRAP_FILE"],))
+
+def trap(args, out_dir):
+    import pickle
+    with open(os.path.join(out_dir, "trap.pt"), "wb") as handle:
+        pickle.dump(Trap(), handle, protocol=2)
+    return {}
+'''
+
+
+@pytest.fixture
+def jobs(tmp_path) -> Path:
+    path = tmp_path / "jobs.py"
+    path.write_text(JOBS)
+    return path
+
+
+def job(jobs: Path, name: str, **options) -> Job:
+    return Job(f"{jobs}:{name}", **options)
+
+
+def test_result_and_scrubbed_environment(jobs, monkeypatch):
+    monkeypatch.setenv("KAUDIT_TEST_SECRET", "hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("TORCH_HOME", "/tmp/torch-home")
+    with run_job(job(jobs, "echo", args={"a": [1, 2]}, timeout=60)) as result:
+        assert result.status == OK and result.ok, result.describe()
+        value = result.value
+        root = Path(value["cwd"]).parent
+        assert root.exists()
+    assert not root.exists(), "the job's private folder is removed"
+    assert value["args"] == {"a": [1, 2]}
+    assert value["secret"] is None and "AWS_SECRET_ACCESS_KEY" not in value["env"]
+    assert value["torch_home"] == "/tmp/torch-home" and "PATH" in value["env"]
+    assert value["files_in_cwd"] == [] and value["cwd"] != os.getcwd()
+
+
+def test_outputs_are_files_in_a_private_folder(jobs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with run_job(job(jobs, "write_file", timeout=60)) as result:
+        assert result.ok, result.describe()
+        assert result.read_json("data.json") == {"n": 3}
+        assert result.files() == ["data.json"], "symlinks are not handed back"
+        with pytest.raises(FileNotFoundError):
+            result.path("link.json")
+        with pytest.raises(FileNotFoundError):
+            result.path("../spec.json")
+    assert not (tmp_path / "left_behind.txt").exists()
+
+
+def test_exception_is_a_result(jobs):
+    with run_job(job(jobs, "boom", args={"why": "testing"}, timeout=60)) as result:
+        assert result.status == ERROR and result.error_type == "ValueError"
+        assert result.error == "boom: testing" and "Traceback" in result.traceback
+        assert result.describe() == "failed during job: ValueError: boom: testing"
+
+
+def test_missing_job_is_a_result(jobs):
+    with run_job(Job(f"{jobs}:no_such_function", timeout=60)) as result:
+        assert result.status == ERROR and result.phase == "job-import"
+        assert result.error_type == "AttributeError"
+
+
+def test_timeout_kills_the_process_group(jobs):
+    started = time.monotonic()
+    with run_job(job(jobs, "sleep", timeout=2)) as result:
+        assert result.status == TIMEOUT and "timed out after 2 s" in result.describe()
+    assert time.monotonic() - started < 15
+
+
+def test_forked_helpers_do_not_outlive_the_job(jobs):
+    with run_job(job(jobs, "orphan", timeout=60)) as result:
+        assert result.ok, result.describe()
+        pid = result.value["pid"]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize(("name", "status", "text"), [
+    ("hard_exit", CRASHED, "exited with code 3 without a result"),
+    ("abort", CRASHED, "SIGABRT"),
+    ("not_json", ERROR, "not JSON"),
+])
+def test_crashes_are_results(jobs, name, status, text):
+    with run_job(job(jobs, name, timeout=60)) as result:
+        assert result.status == status and text in result.describe(), result.describe()
+
+
+def test_memory_limit(jobs):
+    with run_job(job(jobs, "allocate", args={"bytes": 8 << 30}, memory_limit=2 << 30,
+                     timeout=60)) as result:
+        assert result.status == OOM and "out of memory" in result.describe()
+
+
+def test_tensors_are_loaded_safely(jobs, tmp_path):
+    torch = pytest.importorskip("torch", reason="loading outputs needs torch")
+    with run_job(job(jobs, "tensors", timeout=120)) as result:
+        assert result.ok, result.describe()
+        (tensor,) = result.load_tensors("ok.pt")
+        assert torch.equal(tensor, torch.arange(4.0))
+        with pytest.raises(OutputError, match="expected tensors"):
+            result.load_tensors("dict.pt")
+    trap = tmp_path / "trap-sprung"
+    with run_job(job(jobs, "trap", timeout=60, env={"TRAP_FILE": str(trap)})) as result:
+        assert result.ok, result.describe()
+        with pytest.raises(OutputError, match="cannot load"):
+            result.load_tensors("trap.pt")
+    assert not trap.exists(), "weights_only loading must not run pickled code"
+
+
+def test_problems_without_torch_is_a_usage_error():
+    """Without torch `kaudit problems` says what to install (exit 2), and nothing else needs it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.modules['torch'] = None\nfrom kaudit.cli import main\n"
+            "sys.argv = ['kaudit', 'problems', 'fixtures/problems/good_matmul.py']\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert proc.returncode == 2
+    assert "needs PyTorch" in proc.stderr and "kaudit[dynamic]" in proc.stderr
