@@ -292,7 +292,7 @@ def _digest(values: list, torch: Any) -> str:
             data = value.detach().cpu().contiguous().flatten()
             digest.update(f"{tuple(value.shape)}{value.dtype}".encode())
             raw = data.view(torch.uint8) if data.numel() else data
-            digest.update(bytes(raw[:DIGEST_BYTES].numpy()) if data.numel() else b"")
+            digest.update(bytes(raw[:DIGEST_BYTES].tolist()) if data.numel() else b"")  # no numpy needed
         else:
             digest.update(repr(value).encode())
     return digest.hexdigest()[:16]
