@@ -6,14 +6,12 @@ import enum
 import io
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kaudit import __version__
@@ -22,6 +20,7 @@ from kaudit.baseline import write_baseline
 from kaudit.config import Config, ConfigError, load_config
 from kaudit.discover import display_path
 from kaudit.gate import EXIT_ERROR, FAIL_ON_CHOICES, exit_code
+from kaudit.progress import DelayedProgress
 from kaudit.report import json_report, text
 from kaudit.rule import all_rules, rule_by_code
 from kaudit.source import SourceModel, read_source
@@ -108,7 +107,7 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
             suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None)
     except (ConfigError, ValueError) as exc:
         _usage_error(f"configuration error: {exc}")
-    progress = _DelayedProgress()
+    progress = DelayedProgress("scanning")
     try:
         report = scan_paths([str(p) for p in paths], config, on_file=progress.update)
     except (FileNotFoundError, ConfigError) as exc:
@@ -158,29 +157,6 @@ def _write_all(report: Report, config: Config, folder: Path) -> None:
     for output_format, name in names.items():
         (folder / name).write_text(_render(report, output_format, config), encoding="utf-8")
     stderr.print(f"{text.summary(report)}; reports in {folder}/", highlight=False)
-
-
-class _DelayedProgress:
-    """A progress bar on stderr that appears only once a scan has run for a second, on a TTY."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.bar: Progress | None = None
-        self.task = None
-
-    def update(self, done: int, total: int) -> None:
-        if self.bar is None:
-            if not stderr.is_terminal or time.monotonic() - self.started < 1.0:
-                return
-            self.bar = Progress(TextColumn("scanning"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=stderr, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("scan", total=total)
-        self.bar.update(self.task, completed=done)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 class GraphFormat(str, enum.Enum):
@@ -278,7 +254,10 @@ def problems(
 ) -> None:
     """Audit benchmark problems: can their correctness check tell a real kernel from a trivial
     one? Each problem runs in a child process; needs torch (the `dynamic` extra)."""
-    from kaudit.dynamic.problems_cli import ProblemsUsageError, run_command  # torch: only here
+    from kaudit.dynamic.problems_cli import (  # torch: only here
+        ProblemsUsageError,
+        run_command,
+    )
 
     try:
         code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import math
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kaudit.gate import exit_code
+from kaudit.progress import DelayedProgress
 
 FORMATS = ("text", "json", "sarif", "markdown")
 
@@ -55,7 +54,7 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
 
     options = Options(chosen, device=device, seeds=seeds, scales=parse_scales(scales),
                       timeout=timeout, jobs=jobs)
-    progress = _DelayedProgress()
+    progress = DelayedProgress("running problems")
     try:
         report = audit_problems([str(p) for p in paths], options, on_problem=progress.update)
     except (FileNotFoundError, ValueError) as exc:
@@ -90,25 +89,3 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
     return exit_code(report.as_scan_report(), threshold)
 
 
-class _DelayedProgress:
-    """A progress bar on stderr, on a terminal only, once the audit has run for a second."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.console = Console(stderr=True)
-        self.bar: Progress | None = None
-        self.task = None
-
-    def update(self, done: int, total: int) -> None:
-        if self.bar is None:
-            if not self.console.is_terminal or time.monotonic() - self.started < 1.0:
-                return
-            self.bar = Progress(TextColumn("running problems"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=self.console, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("problems", total=total)
-        self.bar.update(self.task, completed=done)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
