@@ -199,7 +199,8 @@ class ResultTrees:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            self.errors.append(ScanError(f"{item.display}#L{number}", f"not JSON: {exc.msg}"))
+            self.errors.append(ScanError(f"{item.display}#L{number}",
+                                         f"not JSON: {exc.msg} (column {exc.colno})"))
             return []
         if not isinstance(record, dict) or not isinstance(record.get("custom_code"), str):
             return []
