@@ -85,10 +85,21 @@ def scan(
     suspicious_speedup: Annotated[Optional[float], typer.Option(help="Claimed speedups above this are suspicious until confirmed (default 10).")] = None,  # noqa: UP007,E501
     cache_dir: Annotated[Path, typer.Option(help="Cache of per-file results, by content.")] = Path(".kaudit_cache"),  # noqa: E501
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")] = False,  # noqa: E501
+    dynamic: Annotated[bool, typer.Option("--dynamic", help="Also run each kernel against its reference problem in child processes (needs torch).")] = False,  # noqa: E501
+    device: Annotated[str, typer.Option(help="--dynamic: auto, cuda or cpu.")] = "auto",
+    problem: Annotated[Optional[Path], typer.Option(help="--dynamic: the reference problem of every kernel scanned.")] = None,  # noqa: UP007,E501
+    problems_root: Annotated[Optional[Path], typer.Option("--problems", help="--dynamic: KernelBench problems folder (level1/, level2/, ...) for level_<L>_problem_<P> names.")] = None,  # noqa: UP007,E501
+    tolerance: Annotated[Optional[str], typer.Option(help="--dynamic: kernelbench (default), kernelbench-v0 or robust-kbench.")] = None,  # noqa: UP007,E501
+    atol: Annotated[Optional[float], typer.Option(help="--dynamic: custom absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
+    rtol: Annotated[Optional[float], typer.Option(help="--dynamic: custom relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
+    timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir)
+    if dynamic:
+        _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
+                     timeout)
     if output_dir is not None:
         _write_all(report, config, output_dir)
     if output_dir is None or output is not None or output_format is not OutputFormat.text:
@@ -117,14 +128,52 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
     return report, config
 
 
+def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
+                 problem: Path | None, problems_root: Path | None, tolerance: str | None,
+                 atol: float | None, rtol: float | None, timeout: float) -> None:
+    from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
+
+    if problem is not None and not problem.is_file():
+        _usage_error(f"--problem: not a file: {problem}")
+    if problems_root is not None and not problems_root.is_dir():
+        _usage_error(f"--problems: not a folder: {problems_root}")
+    try:
+        chosen = tolerances.resolve(tolerance, atol, rtol)
+    except ValueError as exc:
+        _usage_error(str(exc))
+    try:
+        from kaudit.dynamic.kernels import DynamicOptions, run_dynamic
+    except ImportError as exc:
+        _usage_error(f"--dynamic needs torch (the `dynamic` extra): {exc}")
+    options = DynamicOptions(chosen, device, str(problem) if problem else None,
+                             str(problems_root) if problems_root else None, timeout)
+    try:
+        run_dynamic([str(p) for p in paths], report, options, config)
+    except ValueError as exc:
+        _usage_error(str(exc))
+
+
+def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
+    """The static SARIF log with a second run, category kaudit/dynamic/, for dynamic findings."""
+    from kaudit.report import sarif
+
+    log = json.loads(static)
+    dynamic = json.loads(sarif.render(report, [r for r in all_rules() if r.audit == "dynamic"
+                                               and config.is_enabled(r.code)],
+                                      category="kaudit/dynamic/"))
+    log["runs"].append(dynamic["runs"][0])
+    return json.dumps(log, indent=2) + "\n"
+
+
 def _render(report: Report, output_format: OutputFormat, config: Config) -> str:
     if output_format is OutputFormat.json:
         return json_report.render(report)
     if output_format is OutputFormat.sarif:
         from kaudit.report import sarif
 
-        return sarif.render(report, [r for r in all_rules()
-                                     if r.audit == "static" and config.is_enabled(r.code)])
+        static = sarif.render(report, [r for r in all_rules()
+                                       if r.audit == "static" and config.is_enabled(r.code)])
+        return _dynamic_sarif(report, static, config) if "dynamic" in report.summary else static
     if output_format is OutputFormat.markdown:
         from kaudit.report import markdown
 
@@ -156,6 +205,12 @@ def _write_all(report: Report, config: Config, folder: Path) -> None:
              OutputFormat.sarif: "kaudit-static.sarif", OutputFormat.markdown: "kaudit.md"}
     for output_format, name in names.items():
         (folder / name).write_text(_render(report, output_format, config), encoding="utf-8")
+    if "dynamic" in report.summary:  # one SARIF file per category
+        log = json.loads((folder / names[OutputFormat.sarif]).read_text(encoding="utf-8"))
+        for name, runs in (("kaudit-static.sarif", log["runs"][:1]),
+                           ("kaudit-dynamic.sarif", log["runs"][1:])):
+            (folder / name).write_text(json.dumps({**log, "runs": runs}, indent=2) + "\n",
+                                       encoding="utf-8")
     stderr.print(f"{text.summary(report)}; reports in {folder}/", highlight=False)
 
 

@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 RULE_FIXTURES = FIXTURES / "rules"
 PROBLEM_FIXTURES = FIXTURES / "problems"
+DYNAMIC_FIXTURES = FIXTURES / "dynamic"
 SARIF_SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 
 _EXPECT = re.compile(rb"(?:#|//)\s*expect:\s*(K[ADP]\d{3}(?:\s*,\s*K[ADP]\d{3})*)")
@@ -31,6 +32,12 @@ def rule_fixtures() -> list[Path]:
 def problem_fixtures() -> list[Path]:
     """Benchmark problem files for the KP rules (`kaudit problems`), marked like rule fixtures."""
     return sorted(PROBLEM_FIXTURES.glob("*.py"))
+
+
+def dynamic_fixtures() -> list[Path]:
+    """Paired problem/kernel folders for the KD rules (`kaudit scan --dynamic`): markers on the
+    `def forward` line of `ModelNew` in each folder's kernel.py."""
+    return sorted(p for p in DYNAMIC_FIXTURES.iterdir() if (p / "kernel.py").is_file())
 
 
 @pytest.fixture

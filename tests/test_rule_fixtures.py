@@ -11,7 +11,13 @@ import pytest
 
 from kaudit import Level, scan_paths
 from kaudit.rule import all_rules
-from tests.conftest import RULE_FIXTURES, expected_findings, problem_fixtures, rule_fixtures
+from tests.conftest import (
+    RULE_FIXTURES,
+    dynamic_fixtures,
+    expected_findings,
+    problem_fixtures,
+    rule_fixtures,
+)
 
 
 @pytest.mark.parametrize("fixture", rule_fixtures(), ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -40,6 +46,14 @@ def test_every_rule_has_bad_and_good_fixtures(rule):
                   if path.name.startswith("bad_")}
         assert rule.code in marked, f"{rule.code} needs a problem fixture that fires"
         assert any(p.name.startswith("good_") for p in problem_fixtures())
+        return
+    if rule.audit == "dynamic":
+        # KD rules run kernels against their problems: their fixtures are paired folders in
+        # fixtures/dynamic/, marked on ModelNew's `def forward` line and run by tests/test_dynamic.py
+        marked = {code for folder in dynamic_fixtures() if folder.name.startswith("bad_")
+                  for code, _ in expected_findings(folder / "kernel.py")}
+        assert rule.code in marked, f"{rule.code} needs a dynamic fixture that fires"
+        assert any(p.name.startswith("good_") for p in dynamic_fixtures())
         return
     folder = RULE_FIXTURES / rule.code
     names = [p.name for p in folder.glob("*.py")] if folder.is_dir() else []

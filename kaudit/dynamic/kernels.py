@@ -1,0 +1,581 @@
+"""`kaudit scan --dynamic`: run each kernel against its reference problem and measure.
+
+For every kernel file the static scan read, this module (in the kaudit process):
+1. pairs it with a reference problem (`pair_problem`): `--problem FILE`; the reference a results
+   tree already names (`Submission.reference`); a sibling `problem.py`, `ref_code.py` or
+   `reference.py`; KernelBench names `level_<L>_problem_<P>_...` (or `level_<L>/problem_<P>.py`)
+   looked up as `ROOT/level<L>/<P>_*.py` under `--problems ROOT`. None: a KD502 note;
+2. decides, before anything is compiled, whether the kernel needs CUDA (`cuda_reason`); on a
+   machine without CUDA such a kernel gets a KD500 note;
+3. runs the reference problem in one child job (`kernel_job.run_reference`) and the candidate in
+   another (`kernel_job.run_candidate`), which receives copies of the inputs and never the
+   reference outputs; both hand back tensors loaded here with `weights_only=True`;
+4. judges here: write coverage (KD101/KD102) from the poisoned runs' bit patterns, correctness
+   (KD201/KD202) against the reference with the preset and a scale-invariant check, stale output
+   (KD401), input mutation (KD402); failures are KD501 (candidate) or KD503 (reference).
+
+Findings point at `ModelNew.forward` in the kernel file and carry `pass_ = "dynamic"`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kaudit.discover import WorkItem, display_path
+from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
+from kaudit.dynamic.tolerance import Tolerance
+from kaudit.findings import Finding, Location
+from kaudit.rule import rule_by_code
+
+REFERENCE_TARGET = "kaudit.dynamic.kernel_job:run_reference"
+CANDIDATE_TARGET = "kaudit.dynamic.kernel_job:run_candidate"
+SIBLING_PROBLEMS = ("problem.py", "ref_code.py", "reference.py")
+INIT_SEED = 42
+INPUT_SEEDS = (0, 1)
+#: scale-invariant thresholds by output dtype: (relative L2 error, max error / max |reference|)
+SCALE_FREE = {"float64": (1e-6, 1e-5), "float32": (1e-3, 1e-2), "float16": (1e-2, 5e-2),
+              "bfloat16": (5e-2, 1e-1)}
+SCALE_FREE_DEFAULT = (1e-3, 1e-2)
+_KB_FILE = re.compile(r"level_?(\d+)_problem_?(\d+)(?:_|\.py$)")
+_KB_FOLDER = re.compile(r"level_?(\d+)$")
+_KB_PROBLEM = re.compile(r"problem_?(\d+)\.py$")
+
+
+@dataclass(frozen=True)
+class DynamicOptions:
+    tolerance: Tolerance
+    #: "auto", "cpu" or "cuda"
+    device: str = "auto"
+    problem: str | None = None
+    problems_root: str | None = None
+    timeout: float = 300.0
+    init_seed: int = INIT_SEED
+    seeds: tuple[int, int] = INPUT_SEEDS
+    #: a cache of extension builds, one folder per kernel text (content-addressed); None: each
+    #: candidate job builds in its own temporary folder
+    extensions_dir: str | None = None
+
+
+@dataclass
+class KernelRun:
+    path: str
+    problem: str | None = None
+    status: str = "not-run"
+    findings: list[Finding] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+# -- pairing and CUDA ------------------------------------------------------------------------
+
+
+def pair_problem(file: str, reference: str | None, options: DynamicOptions,
+                 level: int | None = None, number: int | None = None) -> str | None:
+    """The reference problem for kernel `file`, in the documented order, or None."""
+    if options.problem:
+        return options.problem
+    if reference and "#L" not in reference and os.path.isfile(reference):
+        return reference
+    folder = Path(file).parent
+    for name in SIBLING_PROBLEMS:
+        sibling = folder / name
+        if sibling.is_file() and sibling.resolve() != Path(file).resolve():
+            return str(sibling)
+    if options.problems_root:
+        match = _KB_FILE.search(Path(file).name)
+        if match:
+            level, number = int(match.group(1)), int(match.group(2))
+        elif _KB_FOLDER.search(folder.name) and _KB_PROBLEM.search(Path(file).name):
+            level = int(_KB_FOLDER.search(folder.name).group(1))
+            number = int(_KB_PROBLEM.search(Path(file).name).group(1))
+        if level is not None and number is not None:
+            root = Path(options.problems_root)
+            for folder_name in (f"level{level}", f"level_{level}"):
+                found = sorted((root / folder_name).glob(f"{number}_*.py"))
+                if found:
+                    return str(found[0])
+    return None
+
+
+_CUDA_SOURCES = re.compile(r"\bcuda_sources\s*=")
+_CU_FILE = re.compile(r"""['"][^'"\n]+\.cu['"]""")
+_TRITON = re.compile(r"^\s*(?:import\s+triton\b|from\s+triton\b)", re.MULTILINE)
+
+
+def cuda_reason(text: str, environ: dict[str, str] | None = None) -> str | None:
+    """Why the kernel cannot run without CUDA (decided from the text, before any compile)."""
+    environ = os.environ if environ is None else environ
+    if _CUDA_SOURCES.search(text):
+        return "load_inline with cuda_sources"
+    if re.search(r"\bload\s*\(", text) and _CU_FILE.search(text):
+        return "cpp_extension.load of .cu sources"
+    if _TRITON.search(text) and environ.get("TRITON_INTERPRET") != "1":
+        return "Triton kernels (set TRITON_INTERPRET=1 to run them on the CPU)"
+    return None
+
+
+def forward_location(path: str, text: str) -> Location:
+    """`def forward` of `class ModelNew` (the class line, else line 1)."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return Location(path, 1, 1, 1, 1)
+    lines = text.splitlines()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
+            target: ast.AST = node
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                        and item.name == "forward":
+                    target = item
+            line = target.lineno
+            width = len(lines[line - 1]) if 0 < line <= len(lines) else 0
+            return Location(path, line, 1, line, width + 1)
+    return Location(path, 1, 1, 1, 1)
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
+                on_kernel: Callable[[int, int], None] | None = None) -> list[KernelRun]:
+    """Run every kernel file among `items`; in-memory kernels (JSONL records) are not run yet."""
+    runs = []
+    work = [item for item in items if item.text is None]
+    for done, item in enumerate(work, start=1):
+        try:
+            text = Path(item.file).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if "ModelNew" not in text:
+            continue
+        submission = item.submission
+        runs.append(audit_kernel(item.file, item.display, text, options, device,
+                                 submission.reference if submission else None,
+                                 submission.level if submission else None,
+                                 submission.problem if submission else None))
+        if on_kernel:
+            on_kernel(done, len(work))
+    return runs
+
+
+def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
+                 reference: str | None = None, level: int | None = None,
+                 number: int | None = None) -> KernelRun:
+    run = KernelRun(display)
+    where = forward_location(display, text)
+    add = _Adder(run, where)
+    reason = cuda_reason(text)
+    problem = pair_problem(file, reference, options, level, number)
+    run.problem = display_path(problem) if problem else None
+    if reason and device != "cuda":
+        run.status = "needs-cuda"
+        add("KD500", f"not run: needs CUDA ({reason}) and this run has no CUDA device",
+            reason=reason)
+        return run
+    if problem is None:
+        run.status = "no-problem"
+        add("KD502", "not run: no reference problem (give --problem FILE, put problem.py next "
+            "to the kernel, or --problems ROOT for KernelBench names)")
+        return run
+    memory = _memory_limit() if device == "cpu" else None
+    cpu_seconds = options.timeout * (os.cpu_count() or 1) + 30 if device == "cpu" else None
+    common = {"problem": os.path.abspath(problem), "device": device,
+              "init_seed": options.init_seed, "seeds": list(options.seeds)}
+    with run_job(Job(REFERENCE_TARGET, common, timeout=options.timeout, seed=options.init_seed,
+                     memory_limit=memory, cpu_limit=cpu_seconds)) as reference_result:
+        if not reference_result.ok:
+            run.status = "reference-failed"
+            if reference_result.phase is None:
+                try:
+                    reference_result.phase = reference_result.path("phase.txt").read_text(
+                        encoding="utf-8")[:40]
+                except (OSError, FileNotFoundError):
+                    pass
+            add("KD503", f"not run: the reference problem {run.problem} failed: "
+                f"{reference_result.describe()}", **_failure_metrics(reference_result))
+            return run
+        try:
+            refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
+            inputs = {n: _load_any(reference_result, f"inputs_{n}.pt") for n in ("a", "b")}
+        except OutputError as exc:
+            run.status = "reference-failed"
+            add("KD503", f"not run: the reference problem {run.problem} returned no tensors: "
+                f"{exc}")
+            return run
+        # the candidate gets copies of the inputs, in a folder holding nothing else
+        inputs_dir = tempfile.mkdtemp(prefix="kaudit-inputs-")
+        try:
+            for name in ("a", "b"):
+                shutil.copyfile(reference_result.path(f"inputs_{name}.pt"),
+                                os.path.join(inputs_dir, f"inputs_{name}.pt"))
+            # the reference outputs now live only in this process: their files are removed
+            # before any candidate code runs
+            reference_result.close()
+            build = os.path.join(os.path.abspath(options.extensions_dir), hashlib.sha256(
+                text.encode("utf-8", "surrogatepass")).hexdigest()[:16]) \
+                if options.extensions_dir else None
+            job = Job(CANDIDATE_TARGET, {**common, "kernel": os.path.abspath(file),
+                                         "inputs_dir": inputs_dir, "extensions_dir": build},
+                      timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
+                      cpu_limit=cpu_seconds)
+            with run_job(job) as candidate:
+                _judge(run, add, candidate, refs, inputs, options)
+        finally:
+            shutil.rmtree(inputs_dir, ignore_errors=True)
+    return run
+
+
+class _Adder:
+    def __init__(self, run: KernelRun, where: Location) -> None:
+        self.run, self.where = run, where
+
+    def __call__(self, code: str, message: str, **metrics: Any) -> None:
+        rule = rule_by_code(code)
+        assert rule is not None, code
+        finding = rule().finding(self.where, message,
+                                 **{k: v for k, v in metrics.items() if v is not None})
+        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic"))
+
+
+def _memory_limit() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _failure_metrics(result: RunResult) -> dict[str, Any]:
+    return {"status": result.status, "phase": result.phase, "error_type": result.error_type or None,
+            "stderr_tail": result.stderr_tail[-1500:] or None}
+
+
+def _load_any(result: RunResult, name: str) -> list:
+    import torch
+
+    data = torch.load(result.path(name), map_location="cpu", weights_only=True)
+    return list(data)
+
+
+# -- judging ---------------------------------------------------------------------------------
+
+
+def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs: dict,
+           options: DynamicOptions) -> None:
+    from kaudit.dynamic import sentinels
+
+    if not candidate.ok:
+        run.status = "failed"
+        if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
+            try:
+                candidate.phase = candidate.path("phase.txt").read_text(encoding="utf-8")[:40]
+            except (OSError, FileNotFoundError):
+                pass
+        what = {"import": "import or compile", "init": "construction"}.get(
+            candidate.phase or "", candidate.phase)
+        if what and candidate.phase != what:
+            candidate.phase = what  # describe() names the phase
+        add("KD501", f"the kernel {candidate.describe()}", **_failure_metrics(candidate))
+        return
+    try:
+        poisoned = [candidate.load_tensors(f"poison{r}.pt") for r in range(sentinels.RUNS)]
+        plain = candidate.load_tensors("plain.pt")
+        fresh, same = candidate.load_tensors("fresh.pt"), candidate.load_tensors("same.pt")
+        after = _load_any(candidate, "inputs_after.pt")
+    except (OutputError, FileNotFoundError) as exc:
+        run.status = "failed"
+        add("KD501", f"the kernel's outputs could not be read: {exc}")
+        return
+    run.status = "ok"
+    run.metrics.update(candidate.value or {})
+    ref_a, ref_b = refs["a"], refs["b"]
+    layout = _layout_problem(ref_a, plain)
+    if layout:
+        add("KD202", f"wrong output: {layout}", reason="layout")
+        return
+    incomplete = False
+    for index, ref in enumerate(ref_a):
+        runs = [p[index] for p in poisoned]
+        if any(r.shape != ref.shape or r.dtype != ref.dtype for r in runs):
+            continue
+        coverage = write_coverage(runs)
+        name = _output_name(index, ref_a)
+        if coverage["unwritten"]:
+            incomplete = True
+            add("KD101", f"{name} ({_describe_tensor(ref)}): {coverage['unwritten']} of "
+                f"{coverage['numel']} elements ({100 * coverage['fraction']:.3g} %) were never "
+                f"written in {sentinels.RUNS - 1} runs with different sentinels; "
+                f"{coverage['where']}", output=index, **coverage)
+        elif coverage["dependent"] and coverage["deterministic"]:
+            incomplete = True
+            add("KD102", f"{name} ({_describe_tensor(ref)}): {coverage['dependent']} of "
+                f"{coverage['numel']} elements ({100 * coverage['dependent_fraction']:.3g} %) "
+                f"change with the sentinel that fills fresh allocations, while a repeat run with "
+                f"the same sentinel is bit-identical: the output depends on uninitialised memory",
+                output=index, **coverage)
+    if not incomplete:
+        _correctness(add, ref_a, plain, options.tolerance)
+    _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
+    _mutation(add, inputs["a"], after)
+
+
+def _layout_problem(reference: list, candidate: list) -> str | None:
+    if len(reference) != len(candidate):
+        return f"forward returned {len(candidate)} tensors, the reference {len(reference)}"
+    for index, (ref, out) in enumerate(zip(reference, candidate)):
+        if tuple(ref.shape) != tuple(out.shape):
+            return (f"{_output_name(index, reference)} has shape {list(out.shape)}, "
+                    f"the reference {list(ref.shape)}")
+        if ref.dtype != out.dtype:
+            return (f"{_output_name(index, reference)} has dtype {_dtype(out)}, "
+                    f"the reference {_dtype(ref)}")
+    return None
+
+
+def write_coverage(runs: list) -> dict[str, Any]:
+    """Bit-level coverage of one output over the poisoned runs (run i filled with sentinel i, the
+    last run repeating the first sentinel)."""
+    import torch
+
+    from kaudit.dynamic import sentinels
+
+    dtype = runs[0].dtype
+    bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
+    numel = bits[0].numel()
+    unwritten = torch.ones(numel, dtype=torch.bool)
+    poisoned = True
+    for run, value in enumerate(bits):
+        fill = sentinels.fill_value(dtype, run)
+        if fill is None:
+            poisoned = False
+            break
+        unwritten &= value == fill
+    if not poisoned:
+        unwritten = torch.zeros(numel, dtype=torch.bool)
+    distinct = [r for r in range(len(bits)) if sentinels.sentinel_run(r) == r]
+    differs = torch.zeros(numel, dtype=torch.bool)
+    for r in distinct[1:]:
+        differs |= bits[r] != bits[distinct[0]]
+    repeat_same = all(torch.equal(bits[r], bits[sentinels.sentinel_run(r)])
+                      for r in range(len(bits)) if sentinels.sentinel_run(r) != r)
+    dependent = differs & ~unwritten
+    count = int(unwritten.sum())
+    shape = list(runs[0].shape)
+    return {"numel": numel, "unwritten": count,
+            "fraction": round(count / numel, 6) if numel else 0.0,
+            "dependent": int(dependent.sum()),
+            "dependent_fraction": round(int(dependent.sum()) / numel, 6) if numel else 0.0,
+            "deterministic": repeat_same, "poisoned_dtype": poisoned,
+            **_where(unwritten, shape)}
+
+
+def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
+    """Where the unwritten elements lie: tail, whole rows, whole columns, strided or scattered."""
+    import torch
+
+    count = int(mask.sum())
+    if not count:
+        return {"pattern": "none", "where": "none"}
+    numel = mask.numel()
+    columns = shape[-1] if len(shape) >= 1 and shape[-1] else 1
+    rows = numel // columns
+    grid = mask.reshape(rows, columns)
+    full_rows = grid.all(dim=1)
+    full_columns = grid.all(dim=0)
+    positions = torch.nonzero(mask).reshape(-1)
+    first = int(positions[0])
+    info: dict[str, Any] = {"first_unwritten": first, "rows": rows, "columns": columns,
+                            "rows_unwritten": int(full_rows.sum()),
+                            "columns_unwritten": int(full_columns.sum())}
+    if count == numel:
+        info.update(pattern="all", where="no element of the output was written")
+    elif count == numel - first:
+        info.update(pattern="tail", where=f"the tail from flat index {first} on "
+                    f"({count} elements) was never written")
+    elif rows > 1 and int(full_rows.sum()) * columns == count:
+        written = [int(i) for i in torch.nonzero(~full_rows).reshape(-1)[:5]]
+        info.update(pattern="rows", where=f"{int(full_rows.sum())} of {rows} rows (of "
+                    f"{columns} elements) were never written; written rows include {written}")
+    elif columns > 1 and int(full_columns.sum()) * rows == count:
+        info.update(pattern="columns", where=f"{int(full_columns.sum())} of {columns} columns "
+                    f"were never written")
+    else:
+        steps = torch.unique(positions[1:] - positions[:-1]) if count > 1 else None
+        if steps is not None and steps.numel() == 1 and int(steps[0]) > 1:
+            info.update(pattern="strided", stride=int(steps[0]),
+                        where=f"every {int(steps[0])}th element from flat index {first} on")
+        else:
+            info.update(pattern="scattered", where=f"scattered, first at flat index {first}, "
+                        f"{int(full_rows.sum())} whole rows of {rows}")
+    return info
+
+
+def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
+    """(relative L2 error, max error / max |reference|), in float64; inf when the reference is all
+    zero and the candidate is not."""
+    import torch
+
+    ref = reference.double().reshape(-1)
+    out = candidate.double().reshape(-1)
+    if not ref.numel():
+        return 0.0, 0.0
+    diff = out - ref
+    if not bool(torch.isfinite(diff).all()):
+        return math.inf, math.inf
+    norm, peak = float(ref.norm()), float(ref.abs().max())
+    error_norm, error_peak = float(diff.norm()), float(diff.abs().max())
+    rel = error_norm / norm if norm else (0.0 if error_norm == 0 else math.inf)
+    ratio = error_peak / peak if peak else (0.0 if error_peak == 0 else math.inf)
+    return rel, ratio
+
+
+def _correctness(add: _Adder, reference: list, candidate: list, tolerance: Tolerance) -> None:
+    from kaudit.dynamic.probes import passes
+
+    for index, (ref, out) in enumerate(zip(reference, candidate)):
+        dtype = _dtype(ref)
+        atol, rtol = tolerance.for_dtype(dtype)
+        preset = passes(ref, out, atol, rtol)
+        rel, ratio = scale_free_errors(ref, out)
+        rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
+        scale_ok = rel <= rel_limit and ratio <= ratio_limit
+        name = _output_name(index, reference)
+        peak = float(ref.double().abs().max()) if ref.numel() else 0.0
+        numbers = (f"relative L2 error {_num(rel)} (limit {rel_limit:g}), max error / "
+                   f"max|reference| {_num(ratio)} (limit {ratio_limit:g}), max|reference| "
+                   f"{peak:.3g}")
+        metrics = {"output": index, "relative_l2": _finite(rel), "max_error_ratio": _finite(ratio),
+                   "max_abs_reference": peak, "atol": atol, "rtol": rtol,
+                   "tolerance": tolerance.name}
+        if preset and not scale_ok:
+            add("KD201", f"{name} passes {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g}) "
+                f"only through its absolute part: {numbers}", **metrics)
+        elif not preset and not scale_ok:
+            add("KD202", f"wrong output: {name} fails {tolerance.name} allclose (atol {atol:g}, "
+                f"rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
+
+
+def _stale(add: _Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same: list,
+           tolerance: Tolerance) -> None:
+    from kaudit.dynamic.probes import passes
+
+    def matches(refs: list, outs: list) -> bool:
+        return len(refs) == len(outs) and all(
+            r.shape == o.shape and passes(r, o, *tolerance.for_dtype(_dtype(r)))
+            for r, o in zip(refs, outs))
+
+    if matches(ref_a, ref_b) or not matches(ref_a, plain):
+        return  # inputs A and B give the same answer, or the first call was already wrong
+    for outs, how in ((fresh, "new buffers"), (same, "the first call's buffers")):
+        if not matches(ref_b, outs) and matches(ref_a, outs):
+            add("KD401", f"stale output: called again with fresh inputs in {how}, forward "
+                f"returned the first call's answer, not the answer for the new inputs",
+                buffers="new" if outs is fresh else "same")
+            return
+
+
+def _mutation(add: _Adder, before: list, after: list) -> None:
+    import torch
+
+    for index, (old, new) in enumerate(zip(before, after)):
+        if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
+            continue
+        if old.shape != new.shape or old.dtype != new.dtype:
+            add("KD402", f"input {index} changed shape or dtype during forward",
+                input=index)
+            continue
+        from kaudit.dynamic import sentinels
+
+        changed = sentinels.as_bits(old) != sentinels.as_bits(new)
+        count = int(changed.sum())
+        if count:
+            add("KD402", f"input {index} ({_describe_tensor(old)}) was modified by forward: "
+                f"{count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) differ "
+                f"afterwards", input=index, changed=count, numel=old.numel())
+
+
+def _output_name(index: int, outputs: list) -> str:
+    return "the output" if len(outputs) == 1 else f"output {index}"
+
+
+def _dtype(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _describe_tensor(tensor: Any) -> str:
+    return f"shape {list(tensor.shape)}, {_dtype(tensor)}"
+
+
+def _num(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else value
+
+
+# -- scan integration ------------------------------------------------------------------------
+
+
+def resolve_device(requested: str) -> str:
+    from kaudit.dynamic.problems import resolve_device as resolve
+
+    return resolve(requested)
+
+
+def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: Any) -> list[KernelRun]:
+    """Run the dynamic pass over what `kaudit scan` scanned and merge its findings into `report`
+    (a `kaudit.api.Report`): findings appended, fingerprints assigned, verdicts judged again."""
+    from kaudit.baseline import load_baseline, mark_findings
+    from kaudit.discover import discover
+    from kaudit.findings import assign_fingerprints
+    from kaudit.results import BaselineTimings, ResultTrees, Submission
+    from kaudit.source import split_lines
+    from kaudit.verdicts import judge, summarize
+
+    device = resolve_device(options.device)
+    items, _errors = discover(list(paths))
+    items = ResultTrees().annotate(items)
+    runs = audit_items(items, options, device)
+    lines_of: dict[str, list[str]] = {}
+    for item in items:
+        if item.text is None and os.path.isfile(item.file):
+            lines_of[item.display] = split_lines(
+                Path(item.file).read_text(encoding="utf-8", errors="replace"))
+    new = assign_fingerprints([f for r in runs for f in r.findings
+                               if config.is_enabled(f.rule)], lines_of)
+    if config.baseline:
+        new = mark_findings(new, load_baseline(config.baseline))
+    report.findings.extend(new)
+    # a file's dynamic findings next to its static ones (reports group consecutive findings)
+    first: dict[str, int] = {}
+    for index, finding in enumerate(report.findings):
+        first.setdefault(finding.path, index)
+    report.findings.sort(key=lambda f: first[f.path])
+    by_path: dict[str, list[Finding]] = {}
+    for finding in report.findings:
+        by_path.setdefault(finding.path, []).append(finding)
+    timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
+    report.verdicts = [judge(v.path, v.submission or Submission("plain"), by_path.get(v.path, []),
+                             timings, config.suspicious_speedup) for v in report.verdicts]
+    report.summary = summarize(report.verdicts)
+    report.summary["dynamic"] = {"device": device, "kernels": len(runs),
+                                 "statuses": _count(r.status for r in runs)}
+    return runs
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts

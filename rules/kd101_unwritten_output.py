@@ -1,0 +1,42 @@
+from kaudit.dynamic.kernel_rule import DynamicRule
+from kaudit.findings import Level, Precision
+
+
+class UnwrittenOutput(DynamicRule):
+    """Part of the output is never written by the kernel.
+
+    ## What it does
+    Runs the kernel three times with every fresh allocation (`torch.empty*`, `at::empty*` from C++
+    extensions, on the calling thread, during construction and forward) filled with a different
+    sentinel bit pattern: a NaN with a rare payload, a large negative and a large positive finite
+    value (distinctive integers for integer dtypes), plus a repeat of the first run. An output element
+    is unwritten when it equals its run's sentinel, bit for bit, in every run. The message gives the
+    count, the fraction and where the unwritten elements lie (the tail, whole rows, whole columns,
+    strided or scattered); `metrics` hold the same numbers. Memory from `malloc`/`cudaMalloc`, an
+    operator's internal outputs and other threads' allocations are not poisoned (see
+    `kaudit.dynamic.kernel_job`).
+
+    ## Why is this bad?
+    Unwritten elements hold whatever the allocator left there. A harness that allocates with
+    `torch.empty` on a fresh GPU often sees zeros, or the reference output of the previous call left
+    in a cached block, so a kernel that computes 0.02 % of its output can pass its correctness check.
+
+    ## Example
+    ```python
+    import torch
+    import torch.nn as nn
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            out[0] = torch.relu(x[0])  # only the first row is computed
+            return out
+    ```
+    """
+
+    code = "KD101"
+    name = "unwritten-output"
+    level = Level.ERROR
+    precision = Precision.HIGH
+    tags = ('dynamic', 'write-coverage', 'integrity')

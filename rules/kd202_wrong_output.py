@@ -1,0 +1,35 @@
+from kaudit.dynamic.kernel_rule import DynamicRule
+from kaudit.findings import Level, Precision
+
+
+class WrongOutput(DynamicRule):
+    """The output does not match the reference problem's output.
+
+    ## What it does
+    Compares the kernel's output with the reference problem's output on the same inputs (same
+    `get_init_inputs()`, same seed, `Model`'s weights copied into `ModelNew` where names and shapes
+    match). Reported when the number, shape or dtype of the outputs differ, or when the output fails
+    both the preset's `allclose` and the scale-invariant check (relative L2 error and max error / max
+    |reference|, limits by dtype as in KD201). Not reported when KD101/KD102 already explain it.
+
+    ## Why is this bad?
+    A kernel that computes something else is not a faster version of the reference, whatever its
+    speed.
+
+    ## Example
+    ```python
+    import torch
+    import torch.nn as nn
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            return torch.sigmoid(x)  # the reference computes tanh
+    ```
+    """
+
+    code = "KD202"
+    name = "wrong-output"
+    level = Level.ERROR
+    precision = Precision.HIGH
+    tags = ('dynamic', 'correctness')

@@ -1,0 +1,35 @@
+from kaudit.dynamic.kernel_rule import DynamicRule
+from kaudit.findings import Level, Precision
+
+
+class InputMutation(DynamicRule):
+    """forward modifies its inputs.
+
+    ## What it does
+    Saves the inputs after the plain (unpoisoned) call and compares them, bit for bit, with the
+    inputs as `get_inputs()` produced them. Reported with the count of changed elements per input.
+
+    ## Why is this bad?
+    A harness that reuses its inputs for the reference, for a later trial or for timing runs then
+    computes on different data; an input overwritten with the answer or with zeros can make a wrong
+    kernel look right. In-place updates that the reference also does are rare but honest: check.
+
+    ## Example
+    ```python
+    import torch
+    import torch.nn as nn
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            out = torch.relu(x)
+            x.zero_()
+            return out
+    ```
+    """
+
+    code = "KD402"
+    name = "input-mutation"
+    level = Level.WARNING
+    precision = Precision.HIGH
+    tags = ('dynamic', 'integrity')

@@ -1,0 +1,304 @@
+"""`kaudit scan --dynamic` on the CPU: every fixture in fixtures/dynamic/ (a problem.py and a
+kernel.py per folder) gives exactly the KD findings its markers name; the honest ones none. Also
+the pairing rules, the CUDA decision, the coverage analysis, the sentinels and the CLI/SARIF/JSON
+integration. The two C++ fixtures compile with g++ (about 25 s each, in parallel, cached per run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DYNAMIC_FIXTURES, ROOT, dynamic_fixtures, expected_findings
+
+torch = pytest.importorskip(
+    "torch", reason="kaudit scan --dynamic needs torch (pip install 'kaudit[dynamic]'); CI installs it")
+
+from kaudit.dynamic import sentinels
+from kaudit.dynamic.kernels import (
+    DynamicOptions,
+    audit_kernel,
+    cuda_reason,
+    pair_problem,
+    write_coverage,
+)
+from kaudit.dynamic.tolerance import resolve
+
+#: KAUDIT_TEST_DEVICE=cuda runs the fixtures on the GPU (the CUDA path of the dispatch-mode
+#: poisoning); the CPU C++ fixtures are then skipped and the CUDA fixture must come out clean
+DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
+CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
+CUDA_ONLY = {"bad_needs_cuda"}
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("KAUDIT_TEST_DEVICE=cuda, but torch sees no CUDA device", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def fixture_runs(tmp_path_factory):
+    """Every fixture folder audited once, several at a time."""
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=240,
+                             extensions_dir=str(tmp_path_factory.mktemp("extensions")))
+
+    def one(folder: Path):
+        kernel = folder / "kernel.py"
+        return folder.name, audit_kernel(str(kernel), str(kernel), kernel.read_text(), options,
+                                         DEVICE)
+
+    folders = [f for f in dynamic_fixtures() if not (DEVICE == "cuda" and f.name in CPU_ONLY)]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return dict(pool.map(one, folders))
+
+
+@pytest.mark.parametrize("folder", dynamic_fixtures(), ids=lambda p: p.name)
+def test_dynamic_fixture_findings_match_markers(folder, fixture_runs):
+    if DEVICE == "cuda" and folder.name in CPU_ONLY:
+        pytest.skip("a CPU C++ extension: its kernel dereferences host pointers")
+    run = fixture_runs[folder.name]
+    actual = {(f.rule, f.line) for f in run.findings}
+    messages = "\n".join(f"{f.rule}:{f.line}: {f.message}" for f in run.findings)
+    if DEVICE == "cuda" and folder.name in CUDA_ONLY:
+        assert run.status == "ok" and not run.findings, messages  # honest, runs on the GPU
+        return
+    assert actual == expected_findings(folder / "kernel.py"), messages
+    assert all(f.pass_ == "dynamic" and f.message for f in run.findings)
+    if folder.name.startswith("good_"):
+        assert run.status == "ok" and not run.findings, messages
+    else:
+        assert folder.name.startswith("bad_") and run.findings
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the C++ fixtures are CPU extensions")
+def test_write_coverage_numbers(fixture_runs):
+    (first_row,) = fixture_runs["bad_cpp_first_row"].findings  # at::empty_like in C++ poisoned
+    metrics = first_row.metrics
+    assert metrics["numel"] == 32 * 48 and metrics["unwritten"] == 31 * 48
+    assert metrics["pattern"] == "tail" and metrics["first_unwritten"] == 48
+    assert metrics["rows_unwritten"] == 31 and "96.9 %" in first_row.message
+    (empty,) = fixture_runs["bad_empty_output"].findings
+    assert empty.metrics["fraction"] == 1.0 and empty.metrics["pattern"] == "all"
+    (dependent,) = fixture_runs["bad_uninitialised_accumulator"].findings
+    assert dependent.metrics["dependent"] == 32 and dependent.metrics["deterministic"]
+    tiny = fixture_runs["bad_tiny_output_atol"].findings[0]
+    assert tiny.metrics["relative_l2"] > 0.5 and tiny.metrics["max_abs_reference"] < 1e-8
+    assert fixture_runs["good_cpp_extension"].metrics["poisoned"] >= 4  # one per poisoned run
+
+
+def test_allocations_are_poisoned_on_the_device(fixture_runs):
+    (empty,) = fixture_runs["bad_empty_output"].findings
+    assert empty.rule == "KD101" and empty.metrics["fraction"] == 1.0
+    assert fixture_runs["bad_empty_output"].metrics["poisoned"] >= 4
+    assert fixture_runs["good_pytorch_linear"].metrics["state_matched"] == 2  # weight and bias
+
+
+def _runs(tensor_of_run):
+    return [tensor_of_run(run) for run in range(sentinels.RUNS)]
+
+
+def _poisoned(shape, written, dtype=torch.float32):
+    """Outputs of the poisoned runs where `written` (a bool mask) holds 1.0, the sentinel elsewhere."""
+    def make(run):
+        out = torch.empty(shape, dtype=dtype)
+        sentinels.fill(out, run)
+        out[written] = 1
+        return out
+    return _runs(make)
+
+
+def test_coverage_patterns():
+    mask = torch.zeros(8, 6, dtype=torch.bool)
+    mask[::2] = True  # odd rows never written
+    coverage = write_coverage(_poisoned((8, 6), mask))
+    assert coverage["pattern"] == "rows" and coverage["rows_unwritten"] == 4
+    mask = torch.ones(8, 7, dtype=torch.bool)
+    mask.view(-1)[1::3] = False  # every third element: not whole columns of 7
+    coverage = write_coverage(_poisoned((8, 7), mask, torch.float16))
+    assert coverage["pattern"] == "strided" and coverage["stride"] == 3
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[:, 4] = False
+    assert write_coverage(_poisoned((4, 5), mask, torch.int32))["pattern"] == "columns"
+    full = write_coverage(_poisoned((4, 5), torch.ones(4, 5, dtype=torch.bool), torch.bfloat16))
+    assert full["unwritten"] == 0 and full["dependent"] == 0 and full["deterministic"]
+
+
+def test_an_element_equal_to_the_sentinel_in_one_run_only_is_written():
+    runs = [torch.ones(4) for _ in range(sentinels.RUNS)]
+    sentinels.fill(runs[1], 1)  # looks like run 1's sentinel, but not in the other runs
+    coverage = write_coverage(runs)
+    assert coverage["unwritten"] == 0 and coverage["dependent"] == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16,
+                                   torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_sentinels_are_distinct_and_the_repeat_run_repeats(dtype):
+    values = [sentinels.fill_value(dtype, run) for run in range(sentinels.RUNS)]
+    assert len(set(values[:3])) == 3 and values[3] == values[0]
+    tensor = torch.empty(3, dtype=dtype)
+    for run in range(3):
+        assert sentinels.fill(tensor, run)
+        if dtype.is_floating_point:
+            assert bool(tensor.isnan().all()) == (run == 0)
+            assert bool(tensor.isfinite().all()) == (run != 0)
+        assert bool((sentinels.as_bits(tensor) == values[run]).all())
+
+
+def test_pairing_order(tmp_path):
+    options = DynamicOptions(resolve(None, None, None), problems_root=str(tmp_path / "KB"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "KB" / "level2").mkdir(parents=True)
+    kb_problem = tmp_path / "KB" / "level2" / "17_Conv2d_ReLU.py"
+    kb_problem.write_text("")
+    kernel = run / "level_2_problem_17_sample_0_kernel.py"
+    kernel.write_text("")
+    assert pair_problem(str(kernel), None, options) == str(kb_problem)
+    assert pair_problem(str(kernel), None, DynamicOptions(resolve(None, None, None))) is None
+    folder_kernel = tmp_path / "gen" / "level_2" / "problem_17.py"
+    folder_kernel.parent.mkdir(parents=True)
+    folder_kernel.write_text("")
+    assert pair_problem(str(folder_kernel), None, options) == str(kb_problem)
+    # a results tree's reference, then a sibling, beats the KernelBench name
+    sibling = run / "ref_code.py"
+    sibling.write_text("")
+    assert pair_problem(str(kernel), None, options) == str(sibling)
+    named = tmp_path / "named.py"
+    named.write_text("")
+    assert pair_problem(str(kernel), str(named), options) == str(named)
+    assert pair_problem(str(kernel), "runs.jsonl#L3/ref_code", options) == str(sibling)
+    explicit = DynamicOptions(resolve(None, None, None), problem=str(kb_problem))
+    assert pair_problem(str(kernel), str(named), explicit) == str(kb_problem)
+    # a kernel is never its own problem
+    alone = tmp_path / "alone" / "problem.py"
+    alone.parent.mkdir()
+    alone.write_text("")
+    assert pair_problem(str(alone), None, DynamicOptions(resolve(None, None, None))) is None
+
+
+def test_cuda_is_decided_from_the_text():
+    cuda = (DYNAMIC_FIXTURES / "bad_needs_cuda" / "kernel.py").read_text()
+    cpp = (DYNAMIC_FIXTURES / "good_cpp_extension" / "kernel.py").read_text()
+    triton = "import triton\nimport triton.language as tl\n"
+    assert "cuda_sources" in cuda_reason(cuda, {})
+    assert cuda_reason(cpp, {}) is None
+    assert "TRITON_INTERPRET" in cuda_reason(triton, {})
+    assert cuda_reason(triton, {"TRITON_INTERPRET": "1"}) is None
+    assert cuda_reason("ext = load(name='k', sources=['k.cu'])\n", {}) is not None
+
+
+def test_needs_cuda_is_a_note_without_any_compile(tmp_path):
+    kernel = DYNAMIC_FIXTURES / "bad_needs_cuda" / "kernel.py"
+    options = DynamicOptions(resolve(None, None, None), extensions_dir=str(tmp_path))
+    run = audit_kernel(str(kernel), "kernel.py", kernel.read_text(), options, "cpu")
+    assert [(f.rule, f.level.value) for f in run.findings] == [("KD500", "note")]
+    assert "not run: needs CUDA" in run.findings[0].message
+    assert not any(tmp_path.iterdir()), "nothing may be built for a kernel that is not run"
+
+
+def _kaudit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    return subprocess.run([sys.executable, "-m", "kaudit", *args], check=False, capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_cli_json_and_sarif(tmp_path):
+    # run from the repository root, so SARIF locations are %SRCROOT%-relative
+    folders = [f"fixtures/dynamic/{name}" for name in ("bad_empty_output", "bad_no_problem")]
+    proc = _kaudit("scan", *folders, "--dynamic", "--device", "cpu", "--no-cache", "-f", "json",
+                   cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    dynamic = sorted((f["rule"], f["pass"], f["line"]) for f in data["findings"]
+                     if f["rule"].startswith("KD"))
+    assert dynamic == [("KD101", "dynamic", 11), ("KD502", "dynamic", 11)]
+    assert all(f["fingerprint"] for f in data["findings"])
+    verdicts = {Path(v["path"]).parent.name: v for v in data["verdicts"]}
+    assert verdicts["bad_empty_output"]["verdict"] == "rejected"
+    assert "KD101" in verdicts["bad_empty_output"]["reasons"]
+    assert data["summary"]["dynamic"]["statuses"] == {"ok": 1, "no-problem": 1}
+    proc = _kaudit("scan", *folders, "--dynamic", "--device", "cpu", "--no-cache", "-f", "sarif",
+                   cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    log = json.loads(proc.stdout)
+    from tests.test_sarif import assert_github_rules, validate
+
+    for run in log["runs"]:  # GitHub takes one run per category and file: see --output-dir
+        assert_github_rules({**log, "runs": [run]})
+    runs = log["runs"]
+    assert [r["automationDetails"]["id"] for r in runs] == ["kaudit/static/", "kaudit/dynamic/"]
+    assert not [r for r in runs[0]["results"] if r["ruleId"].startswith("KD")]
+    assert sorted(r["ruleId"] for r in runs[1]["results"]) == ["KD101", "KD502"]
+    assert {d["id"] for d in runs[1]["tool"]["driver"]["rules"]} >= {"KD101", "KD202", "KD501"}
+    proc = _kaudit("scan", folders[0], "--dynamic", "--device", "cpu", "--no-cache",
+                   "--output-dir", str(tmp_path / "out"), cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    for name, category, rules in (("kaudit-static.sarif", "kaudit/static/", []),
+                                  ("kaudit-dynamic.sarif", "kaudit/dynamic/", ["KD101"])):
+        log = json.loads((tmp_path / "out" / name).read_text())
+        validate(log)
+        (run,) = log["runs"]
+        assert run["automationDetails"]["id"] == category
+        assert [r["ruleId"] for r in run["results"]] == rules
+
+
+def test_cli_usage_errors(tmp_path):
+    folder = str(DYNAMIC_FIXTURES / "bad_no_problem")
+    proc = _kaudit("scan", folder, "--dynamic", "--tolerance", "nope", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown tolerance preset" in proc.stderr
+    proc = _kaudit("scan", folder, "--dynamic", "--problem", "missing.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "not a file" in proc.stderr
+
+
+def test_static_scan_without_dynamic_never_imports_torch_nor_runs_kernels():
+    code = ("import sys, kaudit.cli\n"
+            "from typer.testing import CliRunner\n"
+            "result = CliRunner().invoke(kaudit.cli.app, ['scan', 'fixtures/dynamic', "
+            "'--no-cache', '-f', 'json'])\n"
+            "assert result.exit_code in (0, 1), result.output\n"
+            "assert '\"pass\": \"dynamic\"' not in result.output\n"
+            "assert 'torch' not in sys.modules, 'the static scan imported torch'\n"
+            "ran = {'kaudit.dynamic.kernels', 'kaudit.dynamic.runner', 'kaudit.dynamic.sentinels'}"
+            " & set(sys.modules)\n"
+            "assert not ran, ran\n")
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+
+
+def _write_pair(folder: Path, kernel: str) -> Path:
+    folder.mkdir()
+    (folder / "problem.py").write_text((DYNAMIC_FIXTURES / "bad_raises" / "problem.py").read_text())
+    (folder / "kernel.py").write_text(kernel)
+    return folder / "kernel.py"
+
+
+HEAD = "import time\nimport torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
+
+
+def test_timeout_and_compile_error_are_kd501(tmp_path):
+    hangs = _write_pair(tmp_path / "hangs", HEAD + (
+        "\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        time.sleep(600)\n"
+        "        return x\n"))
+    broken = _write_pair(tmp_path / "broken", HEAD + (
+        "ext = load_inline(name='kaudit_broken', cpp_sources='int f( { return 1; }', functions=[])\n"
+        "\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x\n"))
+    def audit(kernel: Path, timeout: float):
+        options = DynamicOptions(resolve(None, None, None), device="cpu", timeout=timeout)
+        return audit_kernel(str(kernel), str(kernel), kernel.read_text(), options, "cpu")
+
+    with ThreadPoolExecutor(2) as pool:
+        hung, failed = pool.map(audit, (hangs, broken), (15, 240))
+    (finding,) = hung.findings
+    assert finding.rule == "KD501" and "timed out" in finding.message
+    assert "during forward" in finding.message, finding.message
+    assert finding.metrics["status"] == "timeout" and finding.line == 8
+    (finding,) = failed.findings
+    assert finding.rule == "KD501" and "import or compile" in finding.message, finding.message
