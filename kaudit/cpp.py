@@ -65,13 +65,13 @@ class CppIndex:
 
     @classmethod
     def of(cls, model: SourceModel) -> CppIndex:
-        cached = getattr(model, "_cpp_index", None)
-        if cached is None:
-            cached = cls()
+        def build() -> CppIndex:
+            index = cls()
             for unit in model.cuda_units:
-                cached._add_unit(unit)
-            model._cpp_index = cached  # type: ignore[attr-defined]
-        return cached
+                index._add_unit(unit)
+            return index
+
+        return model.memo("cpp-index", build)
 
     def function(self, name: str) -> CppFunction | None:
         return next((f for f in self.functions if f.name == name), None)

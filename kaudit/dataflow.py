@@ -60,6 +60,15 @@ class ReturnFlow:
         return tuple(p for p in self.producers if p.source in (Source.REFERENCE, Source.UNWRITTEN))
 
 
+def forward_flows(analysis: ForwardAnalysis) -> list[ReturnFlow]:
+    """The flows of `ModelNew.forward`'s returns, traced once per file (the graph and KA105 share
+    them)."""
+    forward = analysis.forward
+    if forward is None:
+        return []
+    return analysis.model.memo("forward-returns", lambda: ReturnTracer(analysis).flows(forward))
+
+
 class ReturnTracer:
     def __init__(self, analysis: ForwardAnalysis) -> None:
         self.analysis = analysis

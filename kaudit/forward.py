@@ -79,11 +79,7 @@ class ForwardAnalysis:
 
     @classmethod
     def of(cls, model: SourceModel) -> ForwardAnalysis:
-        cached = getattr(model, "_forward_analysis", None)
-        if cached is None:
-            cached = cls(model)
-            model._forward_analysis = cached  # type: ignore[attr-defined]
-        return cached
+        return model.memo("forward", lambda: cls(model))
 
     # --- reachability ---------------------------------------------------------------------
 

@@ -2348,11 +2348,7 @@ class GeometryAnalysis:
 
     @classmethod
     def of(cls, model: SourceModel) -> GeometryAnalysis:
-        cached = getattr(model, "_geometry_analysis", None)
-        if cached is None:
-            cached = cls(model)
-            model._geometry_analysis = cached  # type: ignore[attr-defined]
-        return cached
+        return model.memo("geometry", lambda: cls(model))
 
     def code(self, node: ast.AST) -> str:
         try:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import networkx as nx
 
 from kaudit.cpp import CppIndex
-from kaudit.dataflow import ReturnTracer, Source
+from kaudit.dataflow import Source, forward_flows
 from kaudit.findings import Location
 from kaudit.forward import ForwardAnalysis, OpKind, methods_of
 from kaudit.python_scope import dotted_parts
@@ -39,11 +39,7 @@ class KernelGraph:
 
     @classmethod
     def of(cls, model: SourceModel) -> KernelGraph:
-        cached = getattr(model, "_kernel_graph", None)
-        if cached is None:
-            cached = cls(model)
-            model._kernel_graph = cached  # type: ignore[attr-defined]
-        return cached
+        return model.memo("kernel-graph", lambda: cls(model))
 
     # --- queries --------------------------------------------------------------------------
 
@@ -141,14 +137,12 @@ class KernelGraph:
             self.graph.nodes[self.forward]["kind"] = "forward"
         for function in analysis.reachable:
             self._add_ops(function, analysis.function_ops(function))
-        if analysis.forward is not None:
-            tracer = ReturnTracer(analysis)
-            for flow in tracer.flows(analysis.forward):
-                for producer in flow.producers:
-                    if producer.source is not Source.UNKNOWN:
-                        target = self._producer_node(producer)
-                        self.graph.add_edge(self.forward, target, kind="returns",
-                                            location=self.model.location(flow.statement))
+        for flow in forward_flows(analysis):
+            for producer in flow.producers:
+                if producer.source is not Source.UNKNOWN:
+                    target = self._producer_node(producer)
+                    self.graph.add_edge(self.forward, target, kind="returns",
+                                        location=self.model.location(flow.statement))
 
     def _python_node(self, function: FunctionNode) -> str:
         owner = self.analysis.owner.get(function) or self.analysis.class_of(function)

@@ -49,13 +49,13 @@ class ModuleFacts:
 
     @classmethod
     def of(cls, model: SourceModel) -> ModuleFacts:
-        cached = getattr(model, "_integrity_facts", None)
-        if cached is None:
-            cached = cls()
+        def build() -> ModuleFacts:
+            facts = cls()
             if model.module is not None:
-                cached._collect(model.module)
-            model._integrity_facts = cached  # type: ignore[attr-defined]
-        return cached
+                facts._collect(model.module)
+            return facts
+
+        return model.memo("integrity-facts", build)
 
     def _collect(self, module: ast.Module) -> None:
         stack: list[ast.AST] = [module]
@@ -100,20 +100,17 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def word_set(model: SourceModel) -> frozenset[str]:
     """Every identifier-like word of the file's text (comments and strings included): a cheap
     prefilter, since a name a rule looks for must be written somewhere in the file."""
-    cached = getattr(model, "_integrity_words", None)
-    if cached is None:
-        cached = frozenset(_WORD.findall(model.text))
-        model._integrity_words = cached  # type: ignore[attr-defined]
-    return cached
+    return model.memo("words", lambda: frozenset(_WORD.findall(model.text)))
 
 
 def statement_targets(model: SourceModel) -> list[tuple[ast.expr, ast.stmt]]:
     """(target, statement) of every assignment, augmented or annotated assignment and `del` in
     the module, found by walking statement lists only (much cheaper than a full walk); code under
     `if __name__ == "__main__":` is left out."""
-    cached = getattr(model, "_integrity_targets", None)
-    if cached is not None:
-        return cached
+    return model.memo("statement-targets", lambda: _statement_targets(model))
+
+
+def _statement_targets(model: SourceModel) -> list[tuple[ast.expr, ast.stmt]]:
     facts = ModuleFacts()
     blocks: list[list[ast.stmt]] = [model.module.body] if model.module is not None else []
     while blocks:
@@ -137,22 +134,15 @@ def statement_targets(model: SourceModel) -> list[tuple[ast.expr, ast.stmt]]:
                 blocks.append(handler.body)
             for case in getattr(statement, "cases", None) or []:
                 blocks.append(case.body)
-    model._integrity_targets = facts.targets  # type: ignore[attr-defined]
     return facts.targets
 
 
 def imported_names(model: SourceModel) -> dict[str, str]:
     """Local name -> qualified name from import statements only (not `alias = torch.x`)."""
-    cached = getattr(model, "_integrity_imported", None)
-    if cached is not None:
-        return cached
-    imported: dict[str, str] = {}
-    qualified = model.bindings.qualified
-    for local, target in qualified.items():
-        if local not in model.bindings.assignments:
-            imported[local] = target
-    model._integrity_imported = imported  # type: ignore[attr-defined]
-    return imported
+    bindings = model.bindings
+    return model.memo("imported-names", lambda: {
+        local: target for local, target in bindings.qualified.items()
+        if local not in bindings.assignments})
 
 
 def method_name(call: ast.Call) -> str | None:

@@ -8,6 +8,7 @@ all render that single text. Its fixtures live in `fixtures/rules/<CODE>/`.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
@@ -16,8 +17,6 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
-
-import ast
 
 from kaudit.findings import Finding, Level, Location, Precision
 from kaudit.source import SourceModel

@@ -14,9 +14,10 @@ import functools
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import tree_sitter
 import tree_sitter_cuda
@@ -25,6 +26,7 @@ from kaudit.findings import Location
 from kaudit.python_scope import Bindings, MappedText, dotted_parts, string_literal_text
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
+T = TypeVar("T")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _HEADER_END = re.compile(r":[ \t]*(#.*)?$")
 _EXTENSION_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
@@ -237,6 +239,7 @@ class SourceModel:
         self.unresolved_sources: list[UnresolvedSource] = []
         #: texts of other files findings may point into (extension sources on disk)
         self.other_files: dict[str, str] = {}
+        self._memo: dict[str, Any] = {}
         if text is not None and problem is None:
             self._parse()
 
@@ -306,6 +309,13 @@ class SourceModel:
             parts = dotted_parts(node.value.func)
             if parts and parts[-1] in ("load_inline", "load"):
                 load_calls.append((node.value, names))
+
+    def memo(self, key: str, build: Callable[[], T]) -> T:
+        """An analysis shared by the rules (forward paths, the kernel graph, ...), built once per
+        file on first use and dropped with the model."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     # --- positions ------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 from collections.abc import Iterable
 
-from kaudit.dataflow import ReturnTracer, Source
+from kaudit.dataflow import Source, forward_flows
 from kaudit.findings import Finding, Level, Precision
 from kaudit.forward import ForwardAnalysis, OpKind
 from kaudit.rule import Rule
@@ -50,7 +50,7 @@ class OutputNotFromKernel(Rule):
             return
         if OpKind.CUSTOM_KERNEL not in analysis.kinds_reached(analysis.forward.body, analysis.model_new):
             return  # no kernel runs at all: KA101/KA107 say so
-        flows = ReturnTracer(analysis).flows(analysis.forward)
+        flows = forward_flows(analysis)
         if not flows or not all(flow.bypassing for flow in flows):
             return  # some path returns the kernel's result; other paths are KA102's business
         for flow in flows:

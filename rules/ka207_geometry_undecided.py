@@ -1,7 +1,12 @@
 from collections.abc import Iterable
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.geometry import GeometryAnalysis, LaunchGeometry, axis_index_name, grid_dim_name
+from kaudit.geometry import (
+    GeometryAnalysis,
+    LaunchGeometry,
+    axis_index_name,
+    grid_dim_name,
+)
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 

@@ -8,8 +8,8 @@ from kaudit.cpp import CppCall, CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
 from kaudit.integrity import (
     ModuleFacts,
-    calls_in,
     callers_of,
+    calls_in,
     compact,
     forward_functions,
     local_values,

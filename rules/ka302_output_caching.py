@@ -400,15 +400,15 @@ def _as_read(leaf: ast.expr, via: ast.expr | None, function: FunctionNode,
 
 def _module_names(model: SourceModel) -> set[str]:
     """Names assigned at module level (where a cache kept between calls can live)."""
-    cached = getattr(model, "_ka302_module_names", None)
-    if cached is None:
-        cached = set()
+    def build() -> set[str]:
+        names: set[str] = set()
         for statement in model.module.body if model.module is not None else []:
             targets = statement.targets if isinstance(statement, ast.Assign) else \
                 [statement.target] if isinstance(statement, ast.AnnAssign) else []
-            cached.update(t.id for t in targets if isinstance(t, ast.Name))
-        model._ka302_module_names = cached  # type: ignore[attr-defined]
-    return cached
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        return names
+
+    return model.memo("module-names", build)
 
 
 def _consumed(read: _Read, ret: ast.Return, ops: list[Op]) -> bool:

@@ -3,7 +3,7 @@ from collections.abc import Iterable
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
-from kaudit.integrity import calls_in, callers_of, compact, launches_in
+from kaudit.integrity import callers_of, calls_in, compact, launches_in
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 

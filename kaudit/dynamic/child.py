@@ -89,19 +89,24 @@ def _seed(seed: int) -> None:
         torch.manual_seed(seed)
 
 
+def import_file(name: str, path: str, error: type[Exception] = ImportError) -> Any:
+    """Import the Python file at `path` as module `name` (problems, kernels, job files); `error`
+    is raised when it is not loadable as a module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise error(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _resolve(target: str) -> Callable[[dict, str], Any]:
     where, _, function = target.rpartition(":")
     if not where or not function:
         raise ValueError(f"job target must be 'module:function' or 'file.py:function': {target!r}")
-    if where.endswith(".py"):
-        spec = importlib.util.spec_from_file_location("kaudit_job", where)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load job file {where}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["kaudit_job"] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    module = import_file("kaudit_job", where) if where.endswith(".py") \
+        else importlib.import_module(where)
     return getattr(module, function)
 
 

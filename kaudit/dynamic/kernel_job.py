@@ -31,11 +31,10 @@ allocated at import time).
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from typing import Any
 
+from kaudit.dynamic.child import import_file
 from kaudit.dynamic.child import phase as _phase
 
 #: the last phase a job entered, for a parent whose child timed out or crashed
@@ -60,7 +59,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
     _out_dir[:] = [out_dir]
     device = torch.device(args.get("device", "cpu"))
     with phase("problem-import"):
-        problem = _import("kaudit_problem", args["problem"])
+        problem = import_file("kaudit_problem", args["problem"])
     with phase("reference-init"):
         torch.manual_seed(int(args["init_seed"]))
         model = problem.Model(*problem.get_init_inputs()).to(device)
@@ -95,12 +94,12 @@ def run_candidate(args: dict, out_dir: str) -> dict:
     inputs_a, inputs_b = (torch.load(os.path.join(inputs_dir, f"inputs_{name}.pt"),
                                      map_location="cpu", weights_only=True) for name in "ab")
     with phase("problem-import"):
-        problem = _import("kaudit_problem", args["problem"])
+        problem = import_file("kaudit_problem", args["problem"])
     with phase("reference-init"):
         torch.manual_seed(init_seed)
         state = problem.Model(*problem.get_init_inputs()).state_dict()
     with phase("import"):  # load_inline compiles here
-        kernel = _import("kaudit_kernel", args["kernel"])
+        kernel = import_file("kaudit_kernel", args["kernel"])
         if not isinstance(getattr(kernel, "ModelNew", None), type):
             raise ImportError("the kernel file defines no class ModelNew")
 
@@ -187,11 +186,3 @@ def _cpu(value: Any, torch: Any) -> Any:
     return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
 
 
-def _import(name: str, path: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module

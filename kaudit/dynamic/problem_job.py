@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import os
-import sys
 import time
 from typing import Any
 
-from kaudit.dynamic.child import is_oom, phase, write_json
+from kaudit.dynamic.child import import_file, is_oom, phase, write_json
 
 MANIFEST = "manifest.json"
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
@@ -220,12 +218,7 @@ class _Saver:
 
 
 def _import_problem(path: str) -> Any:
-    spec = importlib.util.spec_from_file_location("kaudit_problem", path)
-    if spec is None or spec.loader is None:
-        raise ProblemFormatError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kaudit_problem"] = module
-    spec.loader.exec_module(module)
+    module = import_file("kaudit_problem", path, ProblemFormatError)
     missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
     if missing:
         raise ProblemFormatError(

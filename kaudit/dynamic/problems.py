@@ -29,7 +29,7 @@ from typing import Any
 
 from kaudit import __version__
 from kaudit.discover import display_path
-from kaudit.dynamic.runner import OutputError, Job, RunResult, run_job
+from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
 from kaudit.rule import rule_by_code
