@@ -7,14 +7,16 @@ class UnwrittenOutput(DynamicRule):
 
     ## What it does
     Runs the kernel three times with every fresh allocation (`torch.empty*`, `at::empty*` from C++
-    extensions, on the calling thread, during construction and forward) filled with a different
+    extensions, during construction and forward, on the calling thread and on Python threads
+    started meanwhile) filled with a different
     sentinel bit pattern: a NaN with a rare payload, a large negative and a large positive finite
     value (distinctive integers for integer dtypes), plus a repeat of the first run. An output element
     is unwritten when it equals its run's sentinel, bit for bit, in every run. The message gives the
     count, the fraction and where the unwritten elements lie (the tail, whole rows, whole columns,
-    strided or scattered); `metrics` hold the same numbers. Memory from `malloc`/`cudaMalloc`, an
-    operator's internal outputs and other threads' allocations are not poisoned (see
-    `kaudit.dynamic.kernel_job`).
+    strided or scattered); `metrics` hold the same numbers, and with `--artifacts DIR` a picture
+    of the output shows them. Memory from `malloc`/`cudaMalloc`, an operator's internal outputs and
+    allocations of C++ threads or older thread pools are not poisoned (see
+    `kaudit.dynamic.poison`).
 
     ## Why is this bad?
     Unwritten elements hold whatever the allocator left there. A harness that allocates with

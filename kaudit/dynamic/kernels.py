@@ -20,6 +20,7 @@ Findings point at `ModelNew.forward` in the kernel file and carry `pass_ = "dyna
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -27,12 +28,15 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kaudit.discover import WorkItem, display_path
+from kaudit.dynamic.kernel_job import DEFERRED_WAIT
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location
@@ -43,6 +47,11 @@ CANDIDATE_TARGET = "kaudit.dynamic.kernel_job:run_candidate"
 SIBLING_PROBLEMS = ("problem.py", "ref_code.py", "reference.py")
 INIT_SEED = 42
 INPUT_SEEDS = (0, 1)
+DEFAULT_SCALES = (1e-3, 1.0, 1e3)
+#: share of a GPU's memory the jobs on it may take together (caching allocator cap)
+GPU_MEMORY_SHARE = 0.9
+#: KD103 findings per kernel at most (one per allocation)
+MAX_OOB = 5
 #: scale-invariant thresholds by output dtype: (relative L2 error, max error / max |reference|)
 SCALE_FREE = {"float64": (1e-6, 1e-5), "float32": (1e-3, 1e-2), "float16": (1e-2, 5e-2),
               "bfloat16": (5e-2, 1e-1)}
@@ -65,6 +74,12 @@ class DynamicOptions:
     #: a cache of extension builds, one folder per kernel text (content-addressed); None: each
     #: candidate job builds in its own temporary folder
     extensions_dir: str | None = None
+    #: input scales of the scale-fragility probe (KD301); 1 is the default scale
+    scales: tuple[float, ...] = DEFAULT_SCALES
+    #: kernels audited at once (spread over the visible GPUs on CUDA)
+    jobs: int = 1
+    #: where pictures of unwritten / out-of-bounds output regions go (KD101, KD103); None: none
+    artifacts_dir: str | None = None
 
 
 @dataclass
@@ -112,16 +127,30 @@ _CU_FILE = re.compile(r"""['"][^'"\n]+\.cu['"]""")
 _TRITON = re.compile(r"^\s*(?:import\s+triton\b|from\s+triton\b)", re.MULTILINE)
 
 
-def cuda_reason(text: str, environ: dict[str, str] | None = None) -> str | None:
-    """Why the kernel cannot run without CUDA (decided from the text, before any compile)."""
-    environ = os.environ if environ is None else environ
+def cuda_reason(text: str, triton_interpreter: bool | None = None) -> str | None:
+    """Why the kernel cannot run without CUDA (decided from the text, before any compile).
+    Triton kernels run on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`, set for the
+    candidate child) when Triton is installed."""
     if _CUDA_SOURCES.search(text):
         return "load_inline with cuda_sources"
     if re.search(r"\bload\s*\(", text) and _CU_FILE.search(text):
         return "cpp_extension.load of .cu sources"
-    if _TRITON.search(text) and environ.get("TRITON_INTERPRET") != "1":
-        return "Triton kernels (set TRITON_INTERPRET=1 to run them on the CPU)"
+    if _TRITON.search(text):
+        if triton_interpreter is None:
+            triton_interpreter = triton_installed()
+        if not triton_interpreter:
+            return "Triton kernels (install triton to run them on the CPU with its interpreter)"
     return None
+
+
+def uses_triton(text: str) -> bool:
+    return bool(_TRITON.search(text))
+
+
+def triton_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def forward_location(path: str, text: str) -> Location:
@@ -149,29 +178,85 @@ def forward_location(path: str, text: str) -> Location:
 
 def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
                 on_kernel: Callable[[int, int], None] | None = None) -> list[KernelRun]:
-    """Run every kernel file among `items`; in-memory kernels (JSONL records) are not run yet."""
-    runs = []
-    work = [item for item in items if item.text is None]
-    for done, item in enumerate(work, start=1):
+    """Run every kernel file among `items`, `options.jobs` at a time (on CUDA spread over the
+    visible GPUs); in-memory kernels (JSONL records) are not run yet. Runs come back in the
+    order of `items`."""
+    work = []
+    for item in items:
+        if item.text is not None:
+            continue
         try:
             text = Path(item.file).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        if "ModelNew" not in text:
-            continue
+        if "ModelNew" in text:
+            work.append((item, text))
+    slots = GpuSlots(options.jobs) if device == "cuda" else None
+    done = [0]
+    lock = threading.Lock()
+
+    def one(entry: tuple[WorkItem, str]) -> KernelRun:
+        item, text = entry
         submission = item.submission
-        runs.append(audit_kernel(item.file, item.display, text, options, device,
-                                 submission.reference if submission else None,
-                                 submission.level if submission else None,
-                                 submission.problem if submission else None))
-        if on_kernel:
-            on_kernel(done, len(work))
-    return runs
+        with slots.take() if slots else contextlib.nullcontext() as gpu:
+            run = audit_kernel(item.file, item.display, text, options, device,
+                               submission.reference if submission else None,
+                               submission.level if submission else None,
+                               submission.problem if submission else None, gpu=gpu)
+        with lock:
+            done[0] += 1
+            if on_kernel:
+                on_kernel(done[0], len(work))
+        return run
+
+    if options.jobs <= 1 or len(work) <= 1:
+        return [one(entry) for entry in work]
+    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        return list(pool.map(one, work))
+
+
+class GpuSlots:
+    """Hands each concurrent kernel a GPU: the visible GPUs in turn, as evenly as `jobs` allows.
+    `take()` yields (physical id for CUDA_VISIBLE_DEVICES, share of its memory for this job)."""
+
+    def __init__(self, jobs: int, visible: list[str] | None = None) -> None:
+        self.gpus = visible if visible is not None else visible_gpus()
+        self.jobs = max(1, jobs)
+        self.busy = {gpu: 0 for gpu in self.gpus}
+        self.lock = threading.Lock()
+        #: each job's cap: the GPU's memory shared by the jobs that may run on it at once
+        self.fraction = round(GPU_MEMORY_SHARE / max(1, -(-self.jobs // max(1, len(self.gpus)))),
+                              3)
+
+    @contextlib.contextmanager
+    def take(self):
+        if not self.gpus:
+            yield None
+            return
+        with self.lock:
+            gpu = min(self.gpus, key=lambda g: self.busy[g])
+            self.busy[gpu] += 1
+        try:
+            yield (gpu, self.fraction)
+        finally:
+            with self.lock:
+                self.busy[gpu] -= 1
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries for the children."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [entry.strip() for entry in listed.split(",") if entry.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
 
 
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
                  reference: str | None = None, level: int | None = None,
-                 number: int | None = None) -> KernelRun:
+                 number: int | None = None, gpu: tuple[str, float] | None = None) -> KernelRun:
+    """Audit one kernel file; `gpu` = (CUDA_VISIBLE_DEVICES entry, memory fraction) on CUDA."""
     run = KernelRun(display)
     where = forward_location(display, text)
     add = _Adder(run, where)
@@ -188,12 +273,16 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
         add("KD502", "not run: no reference problem (give --problem FILE, put problem.py next "
             "to the kernel, or --problems ROOT for KernelBench names)")
         return run
-    memory = _memory_limit() if device == "cpu" else None
+    shared_memory = _memory_limit() if device == "cpu" else None
+    memory = shared_memory // max(1, options.jobs) if shared_memory else None
     cpu_seconds = options.timeout * (os.cpu_count() or 1) + 30 if device == "cpu" else None
+    scales = [s for s in options.scales if s != 1]
     common = {"problem": os.path.abspath(problem), "device": device,
-              "init_seed": options.init_seed, "seeds": list(options.seeds)}
+              "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales,
+              "gpu_memory_fraction": gpu[1] if gpu else None}
+    env = {"CUDA_VISIBLE_DEVICES": gpu[0]} if gpu else {}
     with run_job(Job(REFERENCE_TARGET, common, timeout=options.timeout, seed=options.init_seed,
-                     memory_limit=memory, cpu_limit=cpu_seconds)) as reference_result:
+                     memory_limit=memory, cpu_limit=cpu_seconds, env=env)) as reference_result:
         if not reference_result.ok:
             run.status = "reference-failed"
             if reference_result.phase is None:
@@ -205,9 +294,11 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
             add("KD503", f"not run: the reference problem {run.problem} failed: "
                 f"{reference_result.describe()}", **_failure_metrics(reference_result))
             return run
+        keys = [f"s{index}" for index in range(len(scales))]
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
             inputs = {n: _load_any(reference_result, f"inputs_{n}.pt") for n in ("a", "b")}
+            scaled_refs = _scaled_references(reference_result, keys, scales)
         except OutputError as exc:
             run.status = "reference-failed"
             add("KD503", f"not run: the reference problem {run.problem} returned no tensors: "
@@ -216,7 +307,7 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
         # the candidate gets copies of the inputs, in a folder holding nothing else
         inputs_dir = tempfile.mkdtemp(prefix="kaudit-inputs-")
         try:
-            for name in ("a", "b"):
+            for name in ("a", "b", *keys):
                 shutil.copyfile(reference_result.path(f"inputs_{name}.pt"),
                                 os.path.join(inputs_dir, f"inputs_{name}.pt"))
             # the reference outputs now live only in this process: their files are removed
@@ -225,15 +316,29 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
             build = os.path.join(os.path.abspath(options.extensions_dir), hashlib.sha256(
                 text.encode("utf-8", "surrogatepass")).hexdigest()[:16]) \
                 if options.extensions_dir else None
+            if device == "cpu" and uses_triton(text):
+                env = {**env, "TRITON_INTERPRET": "1"}
             job = Job(CANDIDATE_TARGET, {**common, "kernel": os.path.abspath(file),
                                          "inputs_dir": inputs_dir, "extensions_dir": build},
                       timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
-                      cpu_limit=cpu_seconds)
+                      cpu_limit=cpu_seconds, env=env)
             with run_job(job) as candidate:
-                _judge(run, add, candidate, refs, inputs, options)
+                _judge(run, add, candidate, refs, inputs, scaled_refs, options)
         finally:
             shutil.rmtree(inputs_dir, ignore_errors=True)
     return run
+
+
+def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:
+    """Per scale: the native and (when the float64 copy ran) float64 reference outputs."""
+    described = (result.value or {}).get("scales", {})
+    scaled = []
+    for key, factor in zip(keys, scales):
+        fp64 = described.get(key, {}).get("fp64")
+        scaled.append({"key": key, "scale": factor, "native": result.load_tensors(f"ref_{key}.pt"),
+                       "fp64": result.load_tensors(f"ref64_{key}.pt") if fp64 else None,
+                       "fp64_error": described.get(key, {}).get("fp64_error")})
+    return scaled
 
 
 class _Adder:
@@ -271,7 +376,7 @@ def _load_any(result: RunResult, name: str) -> list:
 
 
 def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs: dict,
-           options: DynamicOptions) -> None:
+           scaled_refs: list[dict], options: DynamicOptions) -> None:
     from kaudit.dynamic import sentinels
 
     if not candidate.ok:
@@ -281,6 +386,9 @@ def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs
                 candidate.phase = candidate.path("phase.txt").read_text(encoding="utf-8")[:40]
             except (OSError, FileNotFoundError):
                 pass
+        if candidate.error_type == "DeferredOutputError":
+            add("KD404", f"deferred work: {candidate.error}", returned=candidate.error)
+            return
         what = {"import": "import or compile", "init": "construction"}.get(
             candidate.phase or "", candidate.phase)
         if what and candidate.phase != what:
@@ -292,30 +400,54 @@ def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs
         plain = candidate.load_tensors("plain.pt")
         fresh, same = candidate.load_tensors("fresh.pt"), candidate.load_tensors("same.pt")
         after = _load_any(candidate, "inputs_after.pt")
+        scaled = [candidate.load_tensors(f"scaled_{s['key']}.pt") for s in scaled_refs]
+        oob = {index: _load_any(candidate, f"oob{index}.pt") for index in range(len(plain))
+               if f"oob{index}.pt" in candidate.files()}
     except (OutputError, FileNotFoundError) as exc:
         run.status = "failed"
         add("KD501", f"the kernel's outputs could not be read: {exc}")
         return
     run.status = "ok"
-    run.metrics.update(candidate.value or {})
+    info = candidate.value or {}
+    run.metrics.update({k: v for k, v in info.items() if not isinstance(v, list)})
     ref_a, ref_b = refs["a"], refs["b"]
     layout = _layout_problem(ref_a, plain)
     if layout:
         add("KD202", f"wrong output: {layout}", reason="layout")
         return
+    incomplete = _coverage(add, ref_a, poisoned, oob, options)
+    _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, options, run.path)
+    _deferred(add, info)
+    _side_stream(add, info.get("side_stream", []), ref_a)
+    correct = not incomplete and _correctness(add, ref_a, plain, options.tolerance)
+    if correct:
+        _scale_fragility(add, scaled_refs, scaled)
+    _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
+    _mutation(add, inputs["a"], after)
+
+
+def _coverage(add: _Adder, reference: list, poisoned: list, oob: dict,
+              options: DynamicOptions) -> bool:
+    """KD101/KD102 per output; True when some output is not fully and cleanly written."""
+    from kaudit.dynamic import sentinels
+
     incomplete = False
-    for index, ref in enumerate(ref_a):
+    for index, ref in enumerate(reference):
         runs = [p[index] for p in poisoned]
         if any(r.shape != ref.shape or r.dtype != ref.dtype for r in runs):
             continue
-        coverage = write_coverage(runs)
-        name = _output_name(index, ref_a)
+        mask = unwritten_mask(runs)
+        coverage = write_coverage(runs, mask)
+        name = _output_name(index, reference)
         if coverage["unwritten"]:
             incomplete = True
+            picture = _picture(options, add, index, ref, mask, oob.get(index),
+                               f"{name}: {coverage['unwritten']} of {coverage['numel']} elements "
+                               f"never written")
             add("KD101", f"{name} ({_describe_tensor(ref)}): {coverage['unwritten']} of "
                 f"{coverage['numel']} elements ({100 * coverage['fraction']:.3g} %) were never "
                 f"written in {sentinels.RUNS - 1} runs with different sentinels; "
-                f"{coverage['where']}", output=index, **coverage)
+                f"{coverage['where']}", output=index, artifact=picture, **coverage)
         elif coverage["dependent"] and coverage["deterministic"]:
             incomplete = True
             add("KD102", f"{name} ({_describe_tensor(ref)}): {coverage['dependent']} of "
@@ -323,10 +455,117 @@ def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs
                 f"change with the sentinel that fills fresh allocations, while a repeat run with "
                 f"the same sentinel is bit-identical: the output depends on uninitialised memory",
                 output=index, **coverage)
-    if not incomplete:
-        _correctness(add, ref_a, plain, options.tolerance)
-    _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
-    _mutation(add, inputs["a"], after)
+    return incomplete
+
+
+def _out_of_bounds(add: _Adder, violations: list[dict], reference: list, oob: dict,
+                   options: DynamicOptions, path: str) -> None:
+    """KD103: one finding per allocation whose guard zones were written, in any poisoned run."""
+    from kaudit.dynamic import sentinels
+
+    by_allocation: dict[tuple, list[dict]] = {}
+    for violation in violations:
+        # by shape and dtype: the unpoisoned runs allocate in another order and cannot tell
+        # which allocation became an output
+        key = (violation["phase"], tuple(violation["shape"]), violation["dtype"])
+        by_allocation.setdefault(key, []).append(violation)
+    for (phase, shape, dtype), seen in list(by_allocation.items())[:MAX_OOB]:
+        output = next((v["output"] for v in seen if v["output"] is not None), None)
+        order = min(v["order"] for v in seen)
+        what = (_output_name(output, reference) if output is not None else
+                f"a {'temporary' if phase == 'forward' else 'construction-time'} allocation "
+                f"(allocation #{order} of {phase})")
+        after, before = max(v["after"] for v in seen), max(v["before"] for v in seen)
+        parts = []
+        if after:
+            parts.append(f"{after} elements past its end (up to "
+                         f"{max(v['farthest_after'] for v in seen)} elements beyond)")
+        if before:
+            parts.append(f"{before} elements before its start (up to "
+                         f"{max(v['farthest_before'] for v in seen)} elements before)")
+        picture = None
+        if output is not None and output in oob and options.artifacts_dir:
+            ref = reference[output]
+            picture = _picture(options, add, output, ref, None, oob[output],
+                               f"{what}: written out of bounds")
+        add("KD103", f"{what} (shape {list(shape)}, {dtype}) was written out of bounds: "
+            f"{' and '.join(parts)}, in {len({v['run'] for v in seen})} of {sentinels.RUNS + 1} "
+            f"runs (guard zones of {sentinels.GUARD_BYTES // 1024} KiB around each allocation)",
+            output=output, allocation_phase=phase, allocation=order, shape=list(shape),
+            dtype=dtype, written_after=after, written_before=before, artifact=picture)
+
+
+def _deferred(add: _Adder, info: dict) -> None:
+    """KD404: a tensor subclass returned, the output changing after return, kernel threads alive."""
+    if info.get("returned"):
+        add("KD404", f"deferred work: forward returned a {info['returned']}, a torch.Tensor "
+            f"subclass, not a plain tensor (a subclass can compute or compare lazily)",
+            returned=info["returned"])
+    changed = info.get("changed_after_return") or 0
+    threads = info.get("lingering_threads") or []
+    if changed or threads:
+        parts = []
+        if changed:
+            parts.append(f"{changed} output elements changed during the {DEFERRED_WAIT:g} s "
+                         f"after forward returned (and the device was synchronised)")
+        if threads:
+            parts.append(f"threads the kernel started are still running: {', '.join(threads)}")
+        add("KD404", f"deferred work: {'; '.join(parts)}", changed_after_return=changed or None,
+            lingering_threads=threads or None)
+
+
+def _side_stream(add: _Adder, differing: list[int], reference: list) -> None:
+    """KD403: outputs read after forward on the current stream differ from those read after a
+    device synchronise (CUDA runs only; one count per poisoned run)."""
+    racing = [count for count in differing if count]
+    if racing:
+        numel = sum(r.numel() for r in reference)
+        add("KD403", f"side stream: read on the current stream right after forward returned, "
+            f"up to {max(racing)} of {numel} output elements differed from the values after a "
+            f"device synchronise (in {len(racing)} of {len(differing)} runs): work left on "
+            f"another stream finishes after the harness's timer and checks",
+            differing=max(racing), runs=len(racing), numel=numel)
+
+
+def _scale_fragility(add: _Adder, scaled_refs: list[dict], scaled: list[list]) -> None:
+    """KD301: wrong at a scale where the float64 reference shows the problem is well conditioned
+    (the native reference agrees with it within the scale-free limits)."""
+    for record, outputs in zip(scaled_refs, scaled):
+        if record["fp64"] is None or len(outputs) != len(record["native"]):
+            continue
+        for index, (native, wide, out) in enumerate(zip(record["native"], record["fp64"],
+                                                        outputs)):
+            if out.shape != native.shape or wide.shape != native.shape:
+                continue
+            rel_limit, ratio_limit = SCALE_FREE.get(_dtype(native), SCALE_FREE_DEFAULT)
+            ref_rel, ref_ratio = scale_free_errors(wide, native)
+            if ref_rel > rel_limit or ref_ratio > ratio_limit:
+                continue  # the problem itself loses accuracy at this scale
+            rel, ratio = scale_free_errors(wide, out)
+            if rel > max(rel_limit, 10 * ref_rel) or ratio > max(ratio_limit, 10 * ref_ratio):
+                name = _output_name(index, outputs)
+                add("KD301", f"scale fragility: with the inputs scaled by {record['scale']:g}, "
+                    f"{name} has relative L2 error {_num(rel)} and max error / max|reference| "
+                    f"{_num(ratio)} against a float64 reference (limits {rel_limit:g}, "
+                    f"{ratio_limit:g}), while the {_dtype(native)} reference stays within "
+                    f"{_num(ref_rel)} / {_num(ref_ratio)}: correct at scale 1, wrong at "
+                    f"{record['scale']:g}", scale=record["scale"], output=index,
+                    relative_l2=_finite(rel), max_error_ratio=_finite(ratio),
+                    reference_relative_l2=ref_rel, reference_max_error_ratio=ref_ratio)
+                return
+
+
+def _picture(options: DynamicOptions, add: _Adder, index: int, reference: Any, unwritten: Any,
+             guards: list | None, title: str) -> str | None:
+    """An SVG of the output's unwritten / out-of-bounds elements under --artifacts, else None."""
+    if not options.artifacts_dir:
+        return None
+    from kaudit.dynamic.artifacts import write_picture
+
+    stem = f"{add.run.path}-output{index}"
+    before, after = guards if guards else (None, None)
+    return write_picture(options.artifacts_dir, stem, list(reference.shape), unwritten=unwritten,
+                         written_before=before, written_after=after, title=title)
 
 
 def _layout_problem(reference: list, candidate: list) -> str | None:
@@ -342,26 +581,35 @@ def _layout_problem(reference: list, candidate: list) -> str | None:
     return None
 
 
-def write_coverage(runs: list) -> dict[str, Any]:
-    """Bit-level coverage of one output over the poisoned runs (run i filled with sentinel i, the
-    last run repeating the first sentinel)."""
+def unwritten_mask(runs: list) -> Any:
+    """Flat bool mask of the elements equal to their run's sentinel in every poisoned run (run i
+    filled with sentinel i, the last run repeating the first sentinel); all False for dtypes that
+    are not poisoned."""
     import torch
 
     from kaudit.dynamic import sentinels
 
     dtype = runs[0].dtype
     bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
-    numel = bits[0].numel()
-    unwritten = torch.ones(numel, dtype=torch.bool)
-    poisoned = True
+    unwritten = torch.ones(bits[0].numel(), dtype=torch.bool)
     for run, value in enumerate(bits):
         fill = sentinels.fill_value(dtype, run)
         if fill is None:
-            poisoned = False
-            break
+            return torch.zeros(bits[0].numel(), dtype=torch.bool)
         unwritten &= value == fill
-    if not poisoned:
-        unwritten = torch.zeros(numel, dtype=torch.bool)
+    return unwritten
+
+
+def write_coverage(runs: list, unwritten: Any = None) -> dict[str, Any]:
+    """Bit-level coverage of one output over the poisoned runs (see `unwritten_mask`)."""
+    import torch
+
+    from kaudit.dynamic import sentinels
+
+    if unwritten is None:
+        unwritten = unwritten_mask(runs)
+    bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
+    numel = bits[0].numel()
     distinct = [r for r in range(len(bits)) if sentinels.sentinel_run(r) == r]
     differs = torch.zeros(numel, dtype=torch.bool)
     for r in distinct[1:]:
@@ -375,7 +623,8 @@ def write_coverage(runs: list) -> dict[str, Any]:
             "fraction": round(count / numel, 6) if numel else 0.0,
             "dependent": int(dependent.sum()),
             "dependent_fraction": round(int(dependent.sum()) / numel, 6) if numel else 0.0,
-            "deterministic": repeat_same, "poisoned_dtype": poisoned,
+            "deterministic": repeat_same,
+            "poisoned_dtype": sentinels.fill_value(runs[0].dtype, 0) is not None,
             **_where(unwritten, shape)}
 
 
@@ -439,9 +688,11 @@ def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
     return rel, ratio
 
 
-def _correctness(add: _Adder, reference: list, candidate: list, tolerance: Tolerance) -> None:
+def _correctness(add: _Adder, reference: list, candidate: list, tolerance: Tolerance) -> bool:
+    """KD201/KD202 per output; True when every output passes both checks."""
     from kaudit.dynamic.probes import passes
 
+    correct = True
     for index, (ref, out) in enumerate(zip(reference, candidate)):
         dtype = _dtype(ref)
         atol, rtol = tolerance.for_dtype(dtype)
@@ -457,12 +708,14 @@ def _correctness(add: _Adder, reference: list, candidate: list, tolerance: Toler
         metrics = {"output": index, "relative_l2": _finite(rel), "max_error_ratio": _finite(ratio),
                    "max_abs_reference": peak, "atol": atol, "rtol": rtol,
                    "tolerance": tolerance.name}
+        correct = correct and scale_ok
         if preset and not scale_ok:
             add("KD201", f"{name} passes {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g}) "
                 f"only through its absolute part: {numbers}", **metrics)
         elif not preset and not scale_ok:
             add("KD202", f"wrong output: {name} fails {tolerance.name} allclose (atol {atol:g}, "
                 f"rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
+    return correct
 
 
 def _stale(add: _Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same: list,

@@ -77,7 +77,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
         torch.manual_seed(int(args.get("init_seed", 42)))
         init_inputs = module.get_init_inputs()
         model = module.Model(*init_inputs)
-        reference64, fp64_error = _float64_copy(model, torch) if args.get("fp64", True) \
+        reference64, fp64_error = float64_copy(model, torch) if args.get("fp64", True) \
             else (None, "float64 run disabled")
         manifest["fp64_error"] = fp64_error
         model = model.to(device)
@@ -100,7 +100,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
             record["inputs"] = _digest(inputs, torch)
         step("forward")
         started = time.monotonic()
-        on_device = _to_device(inputs, device, None, torch)
+        on_device = to_device(inputs, device, None, torch)
         del inputs
         if first_inputs is None:  # kept on the device for the float64 and scaled runs, and
             # copied, in case forward changes its inputs in place
@@ -124,7 +124,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
                 try:
                     torch.manual_seed(seed)
                     outputs, _ = _forward(reference64,
-                                          _to_device(first_inputs, device, torch.float64, torch),
+                                          to_device(first_inputs, device, torch.float64, torch),
                                           device, torch)
                     record["fp64"] = saver.save(outputs, f"seed{seed}_fp64.pt")
                     del outputs
@@ -143,7 +143,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
         step("scale")
         try:
             torch.manual_seed(args["seeds"][0])
-            scaled = [_scale(value, scale, torch) for value in first_inputs or []]
+            scaled = [scale_input(value, scale, torch) for value in first_inputs or []]
             outputs, _ = _forward(model, scaled, device, torch)
             del scaled
             record["native"] = saver.save(outputs, f"scale{scale:g}.pt")
@@ -155,7 +155,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
             step("scale-fp64")
             try:
                 torch.manual_seed(args["seeds"][0])
-                scaled = _to_device([_scale(value, scale, torch) for value in first_inputs or []],
+                scaled = to_device([scale_input(value, scale, torch) for value in first_inputs or []],
                                     device, torch.float64, torch)
                 outputs, _ = _forward(reference64, scaled, device, torch)
                 del scaled
@@ -226,7 +226,7 @@ def _import_problem(path: str) -> Any:
     return module
 
 
-def _float64_copy(model: Any, torch: Any) -> tuple[Any, str | None]:
+def float64_copy(model: Any, torch: Any) -> tuple[Any, str | None]:
     try:
         return copy.deepcopy(model).to(torch.float64), None
     except Exception as exc:  # noqa: BLE001
@@ -260,7 +260,7 @@ def _as_tensors(result: Any, torch: Any) -> tuple[list, str]:
     raise OutputTypeError(f"forward returned {type(result).__name__}, not a tensor")
 
 
-def _to_device(values: list, device: Any, dtype: Any, torch: Any) -> list:
+def to_device(values: list, device: Any, dtype: Any, torch: Any) -> list:
     moved = []
     for value in values:
         if isinstance(value, torch.Tensor):
@@ -271,7 +271,7 @@ def _to_device(values: list, device: Any, dtype: Any, torch: Any) -> list:
     return moved
 
 
-def _scale(value: Any, factor: float, torch: Any) -> Any:
+def scale_input(value: Any, factor: float, torch: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value * factor
     return value

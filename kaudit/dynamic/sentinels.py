@@ -16,6 +16,9 @@ import torch
 #: poisoned runs: 0, 1, 2 with three sentinels, 3 repeats run 0's sentinel
 RUNS = 4
 REPEAT_OF = {3: 0}
+#: guard zone on each side of a guarded allocation (KD103, `kaudit.dynamic.poison`); a multiple
+#: of 512 bytes, so the handed-out middle keeps the caching allocator's alignment
+GUARD_BYTES = 16 * 1024
 _NAN_BITS = {torch.float64: 0x7FFA5A5A5A5A5A5A, torch.float32: 0x7FDA5A5A,
              torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA}
 _INT_OF_SIZE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}

@@ -1,0 +1,183 @@
+"""Sentinel poisoning with guard zones, inside the candidate child (never the kaudit process).
+
+`Poisoner(run).mode()` is a `TorchDispatchMode` that fills every tensor an allocation op returns
+(`empty`, `empty_like`, `empty_strided`, `new_empty`, `new_empty_strided`, `empty_permuted`, any
+overload) with run's sentinel (`kaudit.dynamic.sentinels`), for KD101/KD102. A contiguous
+allocation of a poisoned dtype is made `sentinels.GUARD_BYTES` larger on each side instead, the
+whole block filled with the sentinel and the middle handed out; after forward, `check_guards()` finds guard
+elements that no longer hold the sentinel: writes out of bounds (KD103). Guarded blocks are kept
+alive until `release()`, so that a freed block's guards are not reused by the next allocation,
+up to `GUARD_BUDGET_BYTES` in all; later allocations are poisoned without guards (counted).
+`Poisoner(run, poison_data=False)` adds the guard zones only, for runs that must see memory as the
+allocator hands it out.
+
+Threads: while a mode is active, `threading.Thread.start` is wrapped so that a thread started then
+runs under a mode of the same run (dispatch modes are thread-local).
+
+Covered: allocations through the PyTorch dispatcher on the thread that runs construction and
+forward and on Python threads they start: `torch.empty*` from Python, `at::empty*` /
+`torch::empty*` from C++ extensions, on CPU and CUDA. Not covered: memory obtained without the
+dispatcher (`malloc`, `new[]`, `cudaMalloc`, `cudaMallocAsync`, Triton or CUDA scratch space),
+outputs allocated inside an ATen operator's own implementation (that operator writes them),
+threads started before the mode (thread pools) or by C++ (`std::thread`), and tensors created
+before the mode was entered (module-level buffers allocated at import time). Guard zones catch
+writes within `sentinels.GUARD_BYTES` of a guarded block; farther writes land in other memory
+unseen.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kaudit.dynamic import sentinels
+
+ALLOCATION_OPS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                  "empty_permuted")
+#: bytes of guarded blocks kept alive within one run before guards are no longer added
+GUARD_BUDGET_BYTES = 2 << 30
+_ALLOCATION_PACKETS = {getattr(torch.ops.aten, name) for name in ALLOCATION_OPS
+                       if hasattr(torch.ops.aten, name)}
+
+
+@dataclass
+class Guarded:
+    """One guarded allocation: `block` holds guard + data + guard elements."""
+
+    block: torch.Tensor
+    guard: int
+    numel: int
+    shape: list[int]
+    dtype: torch.dtype
+    phase: str
+    order: int
+
+
+@dataclass
+class Poisoner:
+    run: int
+    #: False: guard zones only, the data left as the allocator hands it out (the unpoisoned runs,
+    #: which still need guards so that an out-of-bounds store cannot corrupt the heap unseen)
+    poison_data: bool = True
+    phase: str = "init"
+    guarded: list[Guarded] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=lambda: {
+        "allocations": 0, "poisoned": 0, "poisoned_bytes": 0, "guarded": 0, "unguarded": 0})
+    _kept_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def mode(self) -> TorchDispatchMode:
+        return _PoisonMode(self)
+
+    def allocate(self, result: torch.Tensor) -> torch.Tensor:
+        """What an allocation op hands to the candidate: `result` poisoned, or a guarded block."""
+        with self._lock:
+            self.counters["allocations"] += 1
+            order = self.counters["allocations"]
+        if sentinels.fill_value(result.dtype, self.run) is None or result.numel() == 0:
+            return result
+        size = result.numel() * result.element_size()
+        guard = sentinels.GUARD_BYTES // result.element_size()
+        block_bytes = size + 2 * sentinels.GUARD_BYTES
+        with self._lock:
+            if self.poison_data:
+                self.counters["poisoned"] += 1
+                self.counters["poisoned_bytes"] += size
+            can_guard = result.is_contiguous() and \
+                self._kept_bytes + block_bytes <= GUARD_BUDGET_BYTES
+            if can_guard:
+                self._kept_bytes += block_bytes
+                self.counters["guarded"] += 1
+            else:
+                self.counters["unguarded"] += 1
+        if not can_guard:
+            if self.poison_data:
+                sentinels.fill(result, self.run)
+            return result
+        block = torch.empty(result.numel() + 2 * guard, dtype=result.dtype, device=result.device)
+        if self.poison_data:
+            sentinels.fill(block, self.run)
+        else:
+            sentinels.fill(block[:guard], self.run)
+            sentinels.fill(block[guard + result.numel():], self.run)
+        record = Guarded(block, guard, result.numel(), list(result.shape), result.dtype,
+                         self.phase, order)
+        with self._lock:
+            self.guarded.append(record)
+        return block[guard:guard + result.numel()].view(result.shape)
+
+    def check_guards(self, outputs: list[torch.Tensor]) -> tuple[list[dict], dict[int, Any]]:
+        """Guard elements written since allocation: one record per allocation, and for outputs
+        that are guarded allocations, their (before, after) masks of written guard elements."""
+        fill = {}
+        violations, masks = [], {}
+        storages = {o.untyped_storage().data_ptr(): i for i, o in enumerate(outputs)}
+        for record in self.guarded:
+            if record.dtype not in fill:
+                fill[record.dtype] = sentinels.fill_value(record.dtype, self.run)
+            bits = sentinels.as_bits(record.block)
+            before = bits[:record.guard] != fill[record.dtype]
+            after = bits[record.guard + record.numel:] != fill[record.dtype]
+            written_before, written_after = int(before.sum()), int(after.sum())
+            if not (written_before or written_after):
+                continue
+            output = storages.get(record.block.untyped_storage().data_ptr())
+            violations.append({
+                "output": output, "phase": record.phase, "order": record.order,
+                "shape": record.shape, "dtype": str(record.dtype).removeprefix("torch."),
+                "before": written_before, "after": written_after,
+                # the farthest element written past the end (1 = the first element after it)
+                "farthest_after": int(after.nonzero().max()) + 1 if written_after else 0,
+                "farthest_before": record.guard - int(before.nonzero().min())
+                if written_before else 0})
+            if output is not None:
+                masks[output] = (before.cpu(), after.cpu())
+        return violations, masks
+
+    def release(self) -> None:
+        self.guarded.clear()
+        self._kept_bytes = 0
+
+
+class _PoisonMode(TorchDispatchMode):
+    def __init__(self, poisoner: Poisoner) -> None:
+        super().__init__()
+        self.poisoner = poisoner
+
+    def __enter__(self):
+        _active.append(self.poisoner)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _active.remove(self.poisoner)
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func.overloadpacket in _ALLOCATION_PACKETS and isinstance(result, torch.Tensor):
+            return self.poisoner.allocate(result)
+        return result
+
+
+#: poisoners whose mode is active on some thread (threads started meanwhile inherit the last)
+_active: list[Poisoner] = []
+_original_start = threading.Thread.start
+
+
+def _start(thread: threading.Thread) -> None:
+    if _active:
+        poisoner, original_run = _active[-1], thread.run
+
+        def run_poisoned() -> None:
+            with poisoner.mode():
+                original_run()
+
+        thread.run = run_poisoned  # type: ignore[method-assign]
+    _original_start(thread)
+
+
+threading.Thread.start = _start  # type: ignore[method-assign]

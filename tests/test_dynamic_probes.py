@@ -1,0 +1,271 @@
+"""The dynamic probes added to the write-coverage and correctness checks, on the CPU, with small
+kernels written here: guard zones (KD103, through Triton's interpreter), the scale sweep (KD301),
+deferred work (KD404), poisoning of allocations made on threads the kernel starts, and how kernels
+are spread over jobs and GPUs. The paired CUDA and Triton fixtures in fixtures/dynamic/ are run by
+tests/test_dynamic.py."""
+
+from __future__ import annotations
+
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the dynamic pass needs torch; CI installs it")
+
+from kaudit.discover import WorkItem
+from kaudit.dynamic.kernels import DynamicOptions, GpuSlots, audit_items, audit_kernel
+from kaudit.dynamic.tolerance import resolve
+
+ROWS_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return {body}
+
+
+def get_inputs():
+    return [torch.randn(8, 100)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+CASES = {
+    # an unmasked Triton store: the last block writes 28 elements past the end of the output
+    "triton_unmasked_store": ("torch.relu(x)", """
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            values = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+            tl.store(out_ptr + offsets, tl.maximum(values, 0.0))
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                out = torch.empty_like(x)
+                relu_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+                return out
+        """),
+    "triton_masked_store": ("torch.relu(x)", """
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offsets < n
+            values = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+            tl.store(out_ptr + offsets, tl.maximum(values, 0.0), mask=mask)
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                out = torch.empty_like(x)
+                relu_kernel[(triton.cdiv(x.numel(), 64),)](x, out, x.numel(), BLOCK=64)
+                return out
+        """),
+    "naive_softmax": ("torch.softmax(x, dim=1)", """
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                e = torch.exp(x)
+                return e / e.sum(dim=1, keepdim=True)
+        """),
+    "stable_softmax": ("torch.softmax(x, dim=1)", """
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                e = torch.exp(x - x.max(dim=1, keepdim=True).values)
+                return e / e.sum(dim=1, keepdim=True)
+        """),
+    "thread_finishes_later": ("torch.tanh(x)", """
+        import threading
+        import time
+
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                out = torch.zeros_like(x)
+
+                def finish():
+                    time.sleep(0.03)
+                    torch.tanh(x, out=out)
+
+                threading.Thread(target=finish, name="finisher").start()
+                return out
+        """),
+    "thread_allocates_output": ("torch.tanh(x)", """
+        import threading
+
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                box = []
+                worker = threading.Thread(target=lambda: box.append(torch.empty_like(x)))
+                worker.start()
+                worker.join()
+                box[0][0] = torch.tanh(x[0])  # only row 0 is computed
+                return box[0]
+        """),
+    "lazy_subclass": ("torch.tanh(x)", """
+        import torch
+        import torch.nn as nn
+
+
+        class Lazy(torch.Tensor):
+            pass
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return torch.tanh(x).as_subclass(Lazy)
+        """),
+    "returns_a_promise": ("torch.tanh(x)", """
+        import torch
+        import torch.nn as nn
+
+
+        class Promise:
+            def __init__(self, x):
+                self.x = x
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return Promise(x)
+        """),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    options = DynamicOptions(resolve(None, None, None), device="cpu", timeout=240)
+
+    def one(name: str):
+        body, kernel = CASES[name]
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "problem.py").write_text(ROWS_PROBLEM.format(body=body))
+        (folder / "kernel.py").write_text(textwrap.dedent(kernel))
+        path = str(folder / "kernel.py")
+        return name, audit_kernel(path, path, (folder / "kernel.py").read_text(), options, "cpu")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, CASES))
+
+
+def codes(run) -> set[str]:
+    return {f.rule for f in run.findings}
+
+
+def only(run, code: str):
+    (finding,) = [f for f in run.findings if f.rule == code]
+    return finding
+
+
+def test_unmasked_store_is_an_out_of_bounds_write(runs):
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    run = runs["triton_unmasked_store"]
+    assert codes(run) == {"KD103"}, [f.message for f in run.findings]
+    finding = only(run, "KD103")
+    # 800 elements in blocks of 64: the 13th block stores 32 elements past the end
+    assert finding.metrics["written_after"] == 13 * 64 - 800
+    assert finding.metrics["written_before"] == 0 and finding.metrics["output"] == 0
+    assert "the output" in finding.message and "32 elements past its end" in finding.message
+    assert "in 5 of 5 runs" in finding.message  # the unpoisoned runs are guarded too
+
+
+def test_masked_store_is_clean(runs):
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    run = runs["triton_masked_store"]
+    assert run.status == "ok" and not run.findings, [f.message for f in run.findings]
+    assert run.metrics["guarded"] >= 4  # the output of each poisoned run had guard zones
+
+
+def test_exp_without_max_is_scale_fragile(runs):
+    finding = only(runs["naive_softmax"], "KD301")
+    assert codes(runs["naive_softmax"]) == {"KD301"}
+    assert finding.metrics["scale"] == 1000.0
+    assert "relative L2 error inf" in finding.message  # exp overflowed: NaN in the output
+    assert finding.metrics["reference_relative_l2"] < 1e-6
+
+
+def test_stable_softmax_is_clean_at_every_scale(runs):
+    run = runs["stable_softmax"]
+    assert run.status == "ok" and not run.findings, [f.message for f in run.findings]
+
+
+def test_a_thread_finishing_the_output_is_deferred_work(runs):
+    run = runs["thread_finishes_later"]
+    finding = only(run, "KD404")
+    assert finding.metrics["changed_after_return"] == 800, finding.message
+    assert "0.1 s after forward returned" in finding.message
+
+
+def test_allocations_on_threads_started_by_forward_are_poisoned(runs):
+    finding = only(runs["thread_allocates_output"], "KD101")
+    assert finding.metrics["unwritten"] == 700 and finding.metrics["pattern"] == "tail"
+
+
+def test_a_tensor_subclass_is_deferred_work_and_still_judged(runs):
+    run = runs["lazy_subclass"]
+    assert codes(run) == {"KD404"}
+    assert "Lazy" in only(run, "KD404").message
+
+
+def test_a_non_tensor_result_is_deferred_work(runs):
+    run = runs["returns_a_promise"]
+    assert codes(run) == {"KD404"}
+    assert "forward returned Promise" in only(run, "KD404").message
+
+
+def test_gpu_slots_spread_jobs_and_share_memory():
+    slots = GpuSlots(4, ["0", "1"])
+    assert slots.fraction == 0.45  # two jobs at most on each GPU
+    with slots.take() as first, slots.take() as second, slots.take() as third:
+        assert {first[0], second[0]} == {"0", "1"} and third[0] in ("0", "1")
+    assert slots.busy == {"0": 0, "1": 0}
+    with GpuSlots(1, []).take() as nothing:
+        assert nothing is None
+
+
+def test_several_jobs_keep_the_order_of_the_items(tmp_path):
+    items = []
+    for name in ("b_first", "a_second", "c_third"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "kernel.py").write_text("class ModelNew:\n    pass\n")  # no problem: KD502
+        items.append(WorkItem(str(folder / "kernel.py"), name, True))
+    progress = []
+    options = DynamicOptions(resolve(None, None, None), device="cpu", jobs=3)
+    runs = audit_items(items, options, "cpu", on_kernel=lambda done, total: progress.append(done))
+    assert [r.path for r in runs] == ["b_first", "a_second", "c_third"]
+    assert sorted(progress) == [1, 2, 3] and all(r.status == "no-problem" for r in runs)
