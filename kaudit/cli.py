@@ -79,7 +79,7 @@ def scan(
     select: Annotated[Optional[list[str]], typer.Option(help="Only these codes or prefixes (KA1, KA101), comma-separated.")] = None,  # noqa: UP007,E501
     ignore: Annotated[Optional[list[str]], typer.Option(help="Skip these codes or prefixes.")] = None,  # noqa: UP007
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes.")] = None,  # noqa: UP007,E501
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes; with --dynamic also the kernels audited at once (default 1; spread over the visible GPUs).")] = None,  # noqa: UP007,E501
     baseline: Annotated[Optional[Path], typer.Option(help="Accepted findings (`kaudit baseline write`); only new ones fail.")] = None,  # noqa: UP007,E501
     baseline_timings: Annotated[Optional[Path], typer.Option(help="baseline_time_torch.json, to turn claimed runtimes into speedups.")] = None,  # noqa: UP007,E501
     suspicious_speedup: Annotated[Optional[float], typer.Option(help="Claimed speedups above this are suspicious until confirmed (default 10).")] = None,  # noqa: UP007,E501
@@ -93,13 +93,15 @@ def scan(
     atol: Annotated[Optional[float], typer.Option(help="--dynamic: custom absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
     rtol: Annotated[Optional[float], typer.Option(help="--dynamic: custom relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
+    scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
+    artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir)
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
-                     timeout)
+                     timeout, scales=scales, jobs=jobs, artifacts=artifacts)
     if output_dir is not None:
         _write_all(report, config, output_dir)
     if output_dir is None or output is not None or output_format is not OutputFormat.text:
@@ -130,15 +132,20 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
 
 def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                  problem: Path | None, problems_root: Path | None, tolerance: str | None,
-                 atol: float | None, rtol: float | None, timeout: float) -> None:
+                 atol: float | None, rtol: float | None, timeout: float, *, scales: str,
+                 jobs: int | None, artifacts: Path | None) -> None:
     from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
+    from kaudit.dynamic.problems_cli import parse_scales
 
     if problem is not None and not problem.is_file():
         _usage_error(f"--problem: not a file: {problem}")
     if problems_root is not None and not problems_root.is_dir():
         _usage_error(f"--problems: not a folder: {problems_root}")
+    if artifacts is not None and artifacts.exists() and not artifacts.is_dir():
+        _usage_error(f"--artifacts: not a folder: {artifacts}")
     try:
         chosen = tolerances.resolve(tolerance, atol, rtol)
+        scale_factors = parse_scales(scales)
     except ValueError as exc:
         _usage_error(str(exc))
     try:
@@ -146,7 +153,9 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
     except ImportError as exc:
         _usage_error(f"--dynamic needs torch (the `dynamic` extra): {exc}")
     options = DynamicOptions(chosen, device, str(problem) if problem else None,
-                             str(problems_root) if problems_root else None, timeout)
+                             str(problems_root) if problems_root else None, timeout,
+                             scales=scale_factors, jobs=jobs or 1,
+                             artifacts_dir=str(artifacts) if artifacts else None)
     try:
         run_dynamic([str(p) for p in paths], report, options, config)
     except ValueError as exc:
@@ -165,7 +174,9 @@ def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
     return json.dumps(log, indent=2) + "\n"
 
 
-def _render(report: Report, output_format: OutputFormat, config: Config) -> str:
+def _render(report: Report, output_format: OutputFormat, config: Config,
+            folder: Path | None = None) -> str:
+    """`folder`: where the output goes (Markdown links to pictures are relative to it)."""
     if output_format is OutputFormat.json:
         return json_report.render(report)
     if output_format is OutputFormat.sarif:
@@ -177,7 +188,7 @@ def _render(report: Report, output_format: OutputFormat, config: Config) -> str:
     if output_format is OutputFormat.markdown:
         from kaudit.report import markdown
 
-        return markdown.render(report)
+        return markdown.render(report, str(folder) if folder is not None else None)
     buffer = io.StringIO()
     text.render(report, Console(file=buffer, no_color=True, highlight=False, width=140))
     return buffer.getvalue()
@@ -190,10 +201,11 @@ def _write(report: Report, output_format: OutputFormat, output: Path | None, con
             console = Console(highlight=False, width=140)  # tables need room in logs and pipes
         text.render(report, console)
         return
-    content = _render(report, output_format, config)
+    content = _render(report, output_format, config, output.parent if output else None)
     if output is None:
         sys.stdout.write(content)
     else:
+        output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(content, encoding="utf-8")
         stderr.print(text.summary(report), highlight=False)
 
@@ -204,7 +216,8 @@ def _write_all(report: Report, config: Config, folder: Path) -> None:
     names = {OutputFormat.text: "kaudit.txt", OutputFormat.json: "kaudit.json",
              OutputFormat.sarif: "kaudit-static.sarif", OutputFormat.markdown: "kaudit.md"}
     for output_format, name in names.items():
-        (folder / name).write_text(_render(report, output_format, config), encoding="utf-8")
+        (folder / name).write_text(_render(report, output_format, config, folder),
+                                   encoding="utf-8")
     if "dynamic" in report.summary:  # one SARIF file per category
         log = json.loads((folder / names[OutputFormat.sarif]).read_text(encoding="utf-8"))
         for name, runs in (("kaudit-static.sarif", log["runs"][:1]),

@@ -12,17 +12,27 @@ read -r -a paths <<< "${KAUDIT_PATHS:-.}"
 args=(scan "${paths[@]}" --output-dir "$report_dir" --fail-on "${KAUDIT_FAIL_ON:-error}")
 [[ -n "${KAUDIT_BASELINE:-}" ]] && args+=(--baseline "$KAUDIT_BASELINE")
 [[ -n "${KAUDIT_BASELINE_TIMINGS:-}" ]] && args+=(--baseline-timings "$KAUDIT_BASELINE_TIMINGS")
+if [[ "${KAUDIT_DYNAMIC:-false}" == "true" ]]; then
+  args+=(--dynamic --device "${KAUDIT_DEVICE:-auto}")
+  [[ -n "${KAUDIT_TOLERANCE:-}" ]] && args+=(--tolerance "$KAUDIT_TOLERANCE")
+  [[ -n "${KAUDIT_PROBLEMS:-}" ]] && args+=(--problems "$KAUDIT_PROBLEMS")
+fi
 
+echo "kaudit ${args[*]}" >&2
 kaudit "${args[@]}"
 status=$?
 
-sarif=""
-[[ -f "$report_dir/kaudit-static.sarif" ]] && sarif="$report_dir/kaudit-static.sarif"
+# the dynamic run writes its findings to a second SARIF file, one upload category each
+sarif_output() {
+  local file="$report_dir/kaudit-$1.sarif"
+  if [[ -f "$file" ]]; then echo "sarif-$1=$file"; else echo "sarif-$1="; fi
+}
 if [[ -n "${GITHUB_OUTPUT:-}" ]]; then
   {
     echo "exit-code=$status"
     echo "report-dir=$report_dir"
-    echo "sarif-static=$sarif"
+    sarif_output static
+    sarif_output dynamic
   } >> "$GITHUB_OUTPUT"
 fi
 if [[ -n "${GITHUB_STEP_SUMMARY:-}" && -f "$report_dir/kaudit.md" ]]; then

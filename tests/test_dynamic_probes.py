@@ -6,6 +6,7 @@ tests/test_dynamic.py."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +17,9 @@ torch = pytest.importorskip("torch", reason="the dynamic pass needs torch; CI in
 from kaudit.discover import WorkItem
 from kaudit.dynamic.kernels import DynamicOptions, GpuSlots, audit_items, audit_kernel
 from kaudit.dynamic.tolerance import resolve
+
+#: KAUDIT_TEST_DEVICE=cuda runs the same kernels on the GPU (Triton compiled, not interpreted)
+DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
 
 ROWS_PROBLEM = """
 import torch
@@ -164,11 +168,32 @@ CASES = {
                 return Promise(x)
         """),
 }
+#: GPU only: the output comes from a side stream the current stream never waits for; 20 large
+#: matmuls in front of it keep the side stream busy for tens of milliseconds after forward returns
+SIDE_STREAM = ("torch.tanh(x)", """
+    import torch
+    import torch.nn as nn
+
+
+    class ModelNew(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.side = torch.cuda.Stream()
+
+        def forward(self, x):
+            with torch.cuda.stream(self.side):
+                busy = torch.ones(4096, 4096, device=x.device)
+                for _ in range(20):
+                    busy = busy @ busy * (1.0 / 4096)
+                return torch.tanh(x) + busy[: x.shape[0], : x.shape[1]] * 0
+    """)
+if DEVICE == "cuda":
+    CASES["side_stream"] = SIDE_STREAM
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    options = DynamicOptions(resolve(None, None, None), device="cpu", timeout=240)
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=240)
 
     def one(name: str):
         body, kernel = CASES[name]
@@ -176,7 +201,7 @@ def runs(tmp_path_factory):
         (folder / "problem.py").write_text(ROWS_PROBLEM.format(body=body))
         (folder / "kernel.py").write_text(textwrap.dedent(kernel))
         path = str(folder / "kernel.py")
-        return name, audit_kernel(path, path, (folder / "kernel.py").read_text(), options, "cpu")
+        return name, audit_kernel(path, path, (folder / "kernel.py").read_text(), options, DEVICE)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(one, CASES))
@@ -245,6 +270,14 @@ def test_a_non_tensor_result_is_deferred_work(runs):
     run = runs["returns_a_promise"]
     assert codes(run) == {"KD404"}
     assert "forward returned Promise" in only(run, "KD404").message
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device (KAUDIT_TEST_DEVICE=cuda)")
+def test_output_left_on_a_side_stream_is_reported(runs):
+    run = runs["side_stream"]
+    assert codes(run) == {"KD403"}, [f.message for f in run.findings]
+    assert only(run, "KD403").metrics["runs"] >= 1
 
 
 def test_gpu_slots_spread_jobs_and_share_memory():

@@ -15,7 +15,8 @@ file, builds `ModelNew` under the same init seed and copies into it the entries 
 `state_dict` whose names and shapes match. Then:
 
 - four poisoned runs (`poison0.pt` .. `poison3.pt`): construction and forward on inputs A under
-  `kaudit.dynamic.poison` (sentinel-filled allocations with guard zones, KD101-KD103); run 3
+  `kaudit.dynamic.poison` (sentinel-filled allocations with guard zones, KD101-KD103; on CUDA
+  also the caching allocator's free blocks, filled through cuda-python); run 3
   repeats run 0's sentinel. On CUDA each run also copies the outputs on the current stream right
   after forward returns, before any device synchronise, and counts elements that differ from the
   outputs after the synchronise (KD403: work left on another stream);
@@ -115,7 +116,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
     import torch
 
     from kaudit.dynamic import sentinels
-    from kaudit.dynamic.poison import Poisoner
+    from kaudit.dynamic.poison import Poisoner, poison_free_cuda_memory, warm_cuda_cache
 
     _out_dir[:] = [out_dir]
     # a build folder of this job's own, unless the parent names a shared cache
@@ -160,12 +161,16 @@ def run_candidate(args: dict, out_dir: str) -> dict:
                             "changed_after_return": 0, "lingering_threads": []}
     counters: dict[str, int] = {}
     output_oob: dict[int, list] = {}
+    if device.type == "cuda":
+        warm_cuda_cache(device)
     for run in range(sentinels.RUNS):
         poisoner = Poisoner(run)
         with phase("init"), poisoner.mode():
             model, info["state_matched"] = build()
         with phase("forward"):
             inputs = _to(inputs_a, device, torch)
+            if device.type == "cuda":
+                info["free_memory_poisoned"] = poison_free_cuda_memory(run)
             poisoner.phase = "forward"
             with poisoner.mode():
                 result = _call(model, inputs, torch)

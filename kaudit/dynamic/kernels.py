@@ -420,9 +420,9 @@ def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
     correct = not incomplete and _correctness(add, ref_a, plain, options.tolerance)
-    if correct:
+    stale = _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
+    if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
-    _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
     _mutation(add, inputs["a"], after)
 
 
@@ -719,7 +719,8 @@ def _correctness(add: _Adder, reference: list, candidate: list, tolerance: Toler
 
 
 def _stale(add: _Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same: list,
-           tolerance: Tolerance) -> None:
+           tolerance: Tolerance) -> bool:
+    """KD401; True when reported."""
     from kaudit.dynamic.probes import passes
 
     def matches(refs: list, outs: list) -> bool:
@@ -728,13 +729,14 @@ def _stale(add: _Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same
             for r, o in zip(refs, outs))
 
     if matches(ref_a, ref_b) or not matches(ref_a, plain):
-        return  # inputs A and B give the same answer, or the first call was already wrong
+        return False  # inputs A and B give the same answer, or the first call was already wrong
     for outs, how in ((fresh, "new buffers"), (same, "the first call's buffers")):
         if not matches(ref_b, outs) and matches(ref_a, outs):
             add("KD401", f"stale output: called again with fresh inputs in {how}, forward "
                 f"returned the first call's answer, not the answer for the new inputs",
                 buffers="new" if outs is fresh else "same")
-            return
+            return True
+    return False
 
 
 def _mutation(add: _Adder, before: list, after: list) -> None:

@@ -11,10 +11,15 @@ up to `GUARD_BUDGET_BYTES` in all; later allocations are poisoned without guards
 `Poisoner(run, poison_data=False)` adds the guard zones only, for runs that must see memory as the
 allocator hands it out.
 
+On CUDA, `poison_free_cuda_memory` also fills the caching allocator's free blocks with the run's
+float32 sentinel before forward, reaching allocations the mode does not see (an ATen operator's own
+outputs, tensors made on any thread or stream), as long as they reuse cached memory; memory the
+allocator newly obtains from `cudaMalloc` is not filled.
+
 Threads: while a mode is active, `threading.Thread.start` is wrapped so that a thread started then
 runs under a mode of the same run (dispatch modes are thread-local).
 
-Covered: allocations through the PyTorch dispatcher on the thread that runs construction and
+Covered by the mode: allocations through the PyTorch dispatcher on the thread that runs construction and
 forward and on Python threads they start: `torch.empty*` from Python, `at::empty*` /
 `torch::empty*` from C++ extensions, on CPU and CUDA. Not covered: memory obtained without the
 dispatcher (`malloc`, `new[]`, `cudaMalloc`, `cudaMallocAsync`, Triton or CUDA scratch space),
@@ -161,6 +166,40 @@ class _PoisonMode(TorchDispatchMode):
         if func.overloadpacket in _ALLOCATION_PACKETS and isinstance(result, torch.Tensor):
             return self.poisoner.allocate(result)
         return result
+
+
+def poison_free_cuda_memory(run: int) -> int | None:
+    """Fill every free block the CUDA caching allocator holds with run's float32 sentinel (32-bit
+    words, through cuda-python's `cuMemsetD32`), so that memory handed out later without passing
+    the dispatch mode (an ATen operator's own outputs, a side stream's results) starts poisoned
+    too. Returns the bytes filled, or None without cuda-python."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python before 12.6
+        except ImportError:
+            return None
+    word = sentinels.fill_value(torch.float32, run) & 0xFFFFFFFF
+    torch.cuda.synchronize()
+    filled = 0
+    for segment in torch.cuda.memory_snapshot():
+        for block in segment.get("blocks", []):
+            if block.get("state") == "inactive" and block.get("size", 0) >= 4:
+                (status,) = driver.cuMemsetD32(block["address"], word, block["size"] // 4)
+                if int(status) != 0:
+                    raise RuntimeError(f"cuMemsetD32 failed: {status}")
+                filled += block["size"] // 4 * 4
+    torch.cuda.synchronize()
+    return filled
+
+
+def warm_cuda_cache(device: torch.device) -> None:
+    """Leave free blocks in both pools of the caching allocator (small blocks come from 2 MiB
+    segments, large ones from split segments) for `poison_free_cuda_memory` to fill."""
+    small = [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(32)]
+    large = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    del small, large
 
 
 #: poisoners whose mode is active on some thread (threads started meanwhile inherit the last)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from kaudit import __version__
 from kaudit.api import Report
+from kaudit.findings import Finding
 
 MAX_ROWS = 50
 
 
-def render(report: Report) -> str:
+def render(report: Report, folder: str | None = None) -> str:
+    """`folder`: where the Markdown goes, so that links to pictures are relative to it; None:
+    links as the findings give them."""
     total = report.summary.get("total", {})
     lines = [f"## kaudit {__version__}", ""]
     levels = Counter(f.level.value for f in report.findings)
@@ -52,7 +58,8 @@ def render(report: Report) -> str:
         for finding in report.findings[:MAX_ROWS]:
             mark = " (new)" if finding.baseline_state == "new" else ""
             lines.append(f"| `{finding.path}:{finding.line}` | {finding.rule}{mark} | "
-                         f"{finding.level.value} | {_cell(finding.message)} |")
+                         f"{finding.level.value} | {_cell(finding.message)}"
+                         f"{_picture(finding, folder)} |")
         if len(report.findings) > MAX_ROWS:
             lines.append(f"| ... {len(report.findings) - MAX_ROWS} more | | | |")
         lines.append("")
@@ -75,6 +82,19 @@ def _figures_row(row: dict[str, Any]) -> str:
             f"{row['claimed_correct']} | {row['surviving']} | "
             f"{speed(row['median_claimed_speedup'])} | {speed(row['median_surviving_speedup'])} | "
             f"{fast} |")
+
+
+def _picture(finding: Finding, folder: str | None) -> str:
+    path = finding.metrics.get("artifact")
+    if not path:
+        return ""
+    target = str(path)
+    if folder is not None:
+        try:
+            target = os.path.relpath(os.path.abspath(target), os.path.abspath(folder))
+        except ValueError:  # another drive (Windows): no relative path exists
+            pass
+    return f" [picture]({quote(Path(target).as_posix())})"
 
 
 def _cell(text: str) -> str:

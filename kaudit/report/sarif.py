@@ -103,6 +103,8 @@ def _result(finding: Finding, index: dict[str, int], root: Path) -> sarif.Result
             artifact_location=_artifact(path, root), region=region))],
         partial_fingerprints={"primaryLocationLineHash": finding.fingerprint},
         baseline_state=finding.baseline_state or None,
+        # the numbers behind the message (coverage, errors, picture path), as in JSON
+        properties={"metrics": finding.metrics} if finding.metrics else None,
     )
 
 

@@ -92,6 +92,9 @@ def _finding(console: Console, finding: Finding, lines: list[str]) -> None:
         console.print(f"[dim]{gutter}[/dim]{escape(source.rstrip())}", soft_wrap=True, highlight=False)
         console.print(" " * (len(gutter) + loc.column - 1) + f"[{STYLE[level]}]{'^' * width}[/]",
                       soft_wrap=True)
+    if finding.metrics.get("artifact"):
+        console.print(f"{' ' * 9}[dim]picture:[/dim] {escape(str(finding.metrics['artifact']))}",
+                      soft_wrap=True, highlight=False)
 
 
 def _lines(path: str, cache: dict[str, list[str]]) -> list[str]:
