@@ -415,8 +415,8 @@ def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs
     if layout:
         add("KD202", f"wrong output: {layout}", reason="layout")
         return
-    incomplete = _coverage(add, ref_a, poisoned, oob, options)
-    _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, options, run.path)
+    incomplete, unwritten = _coverage(add, ref_a, poisoned, oob, options)
+    _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, unwritten, options)
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
     correct = not incomplete and _correctness(add, ref_a, plain, options.tolerance)
@@ -427,16 +427,18 @@ def _judge(run: KernelRun, add: _Adder, candidate: RunResult, refs: dict, inputs
 
 
 def _coverage(add: _Adder, reference: list, poisoned: list, oob: dict,
-              options: DynamicOptions) -> bool:
-    """KD101/KD102 per output; True when some output is not fully and cleanly written."""
+              options: DynamicOptions) -> tuple[bool, dict[int, Any]]:
+    """KD101/KD102 per output; (whether some output is not fully and cleanly written, each
+    output's unwritten mask)."""
     from kaudit.dynamic import sentinels
 
     incomplete = False
+    masks = {}
     for index, ref in enumerate(reference):
         runs = [p[index] for p in poisoned]
         if any(r.shape != ref.shape or r.dtype != ref.dtype for r in runs):
             continue
-        mask = unwritten_mask(runs)
+        mask = masks[index] = unwritten_mask(runs)
         coverage = write_coverage(runs, mask)
         name = _output_name(index, reference)
         if coverage["unwritten"]:
@@ -455,11 +457,11 @@ def _coverage(add: _Adder, reference: list, poisoned: list, oob: dict,
                 f"change with the sentinel that fills fresh allocations, while a repeat run with "
                 f"the same sentinel is bit-identical: the output depends on uninitialised memory",
                 output=index, **coverage)
-    return incomplete
+    return incomplete, masks
 
 
 def _out_of_bounds(add: _Adder, violations: list[dict], reference: list, oob: dict,
-                   options: DynamicOptions, path: str) -> None:
+                   unwritten: dict[int, Any], options: DynamicOptions) -> None:
     """KD103: one finding per allocation whose guard zones were written, in any poisoned run."""
     from kaudit.dynamic import sentinels
 
@@ -486,7 +488,7 @@ def _out_of_bounds(add: _Adder, violations: list[dict], reference: list, oob: di
         picture = None
         if output is not None and output in oob and options.artifacts_dir:
             ref = reference[output]
-            picture = _picture(options, add, output, ref, None, oob[output],
+            picture = _picture(options, add, output, ref, unwritten.get(output), oob[output],
                                f"{what}: written out of bounds")
         add("KD103", f"{what} (shape {list(shape)}, {dtype}) was written out of bounds: "
             f"{' and '.join(parts)}, in {len({v['run'] for v in seen})} of {sentinels.RUNS + 1} "
