@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from kaudit.dynamic import forkserver
 from kaudit.dynamic.runner import CRASHED, ERROR, OK, OOM, TIMEOUT, Job, OutputError, run_job
 
 JOBS = '''
 import json, os, subprocess, sys, time
 
 def echo(args, out_dir):
-    return {"args": args, "cwd": os.getcwd(), "env": sorted(os.environ),
+    return {"args": args, "ppid": os.getppid(), "cwd": os.getcwd(), "env": sorted(os.environ),
             "secret": os.environ.get("KAUDIT_TEST_SECRET"),
             "torch_home": os.environ.get("TORCH_HOME"), "files_in_cwd": os.listdir(".")}
 
@@ -78,6 +79,7 @@ def job(jobs: Path, name: str, **options) -> Job:
 
 
 def test_result_and_scrubbed_environment(jobs, monkeypatch):
+    monkeypatch.delenv("KAUDIT_FORKSERVER", raising=False)
     monkeypatch.setenv("KAUDIT_TEST_SECRET", "hunter2")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
     monkeypatch.setenv("TORCH_HOME", "/tmp/torch-home")
@@ -91,6 +93,7 @@ def test_result_and_scrubbed_environment(jobs, monkeypatch):
     assert value["secret"] is None and "AWS_SECRET_ACCESS_KEY" not in value["env"]
     assert value["torch_home"] == "/tmp/torch-home" and "PATH" in value["env"]
     assert value["files_in_cwd"] == [] and value["cwd"] != os.getcwd()
+    assert value["ppid"] == forkserver.server_pid() != os.getpid(), "forked by the fork server"
 
 
 def test_outputs_are_files_in_a_private_folder(jobs, tmp_path, monkeypatch):
@@ -131,12 +134,13 @@ def test_forked_helpers_do_not_outlive_the_job(jobs):
         assert result.ok, result.describe()
         pid = result.value["pid"]
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.1)
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie no longer does)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

@@ -1,4 +1,5 @@
-"""The child side of `kaudit.dynamic.runner`: `python -m kaudit.dynamic.child SPEC.json`.
+"""The child side of `kaudit.dynamic.runner`: `python -m kaudit.dynamic.child SPEC.json`, or `main`
+called in a child forked by `kaudit.dynamic.forkserver` (torch already imported).
 
 The spec names a job (`package.module:function`, or `/path/to/file.py:function`), its JSON
 arguments, a seed, an output folder and where to write the result. The child applies its resource
@@ -64,9 +65,9 @@ def write_json(path: str, data: Any) -> None:
 
 
 def _apply_limits(spec: dict) -> None:
-    """RLIMIT_AS / RLIMIT_CPU before anything heavy is imported or any job code runs (a
-    `preexec_fn` would do the same between fork and exec, but is unsafe in a parent that has
-    threads, as a parent holding torch's thread pool does)."""
+    """RLIMIT_AS / RLIMIT_CPU before any job code runs, on this process only (a `preexec_fn`
+    would do the same between fork and exec, but is unsafe in a parent that has threads, as a
+    parent holding torch's thread pool does; a forked child sets them after the fork)."""
     import resource
 
     if spec.get("memory_limit"):
