@@ -1,10 +1,13 @@
 """`kaudit scan --dynamic` on the CPU: every fixture in fixtures/dynamic/ (a problem.py and a
 kernel.py per folder) gives exactly the KD findings its markers name; the honest ones none. Also
 the pairing rules, the CUDA decision, the coverage analysis, the sentinels and the CLI/SARIF/JSON
-integration. The two C++ fixtures compile with g++ (about 25 s each, in parallel, cached per run)."""
+integration. The two C++ fixtures compile with g++ (about 25 s each, in parallel, cached per run);
+the Triton fixtures run under Triton's interpreter (a few seconds each); the CUDA fixtures
+(load_inline with cuda_sources) are KD500 notes here and run with KAUDIT_TEST_DEVICE=cuda."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,35 +25,57 @@ torch = pytest.importorskip(
 from kaudit.dynamic import sentinels
 from kaudit.dynamic.kernels import (
     DynamicOptions,
+    GpuSlots,
     audit_kernel,
     cuda_reason,
+    forward_location,
     pair_problem,
     write_coverage,
 )
 from kaudit.dynamic.tolerance import resolve
 
-#: KAUDIT_TEST_DEVICE=cuda runs the fixtures on the GPU (the CUDA path of the dispatch-mode
-#: poisoning); the CPU C++ fixtures are then skipped and the CUDA fixture must come out clean
+#: KAUDIT_TEST_DEVICE=cuda runs the fixtures on the GPU: the CUDA fixtures are then compiled and
+#: judged by their markers, the Triton ones compiled for the GPU, and the CPU C++ fixtures skipped
 DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
 CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
-CUDA_ONLY = {"bad_needs_cuda"}
+#: findings only a GPU run can give: a race with a side stream (KD403) needs CUDA streams; on the
+#: CPU the same fixture's kernel runs synchronously and honestly, so none is expected there
+GPU_ONLY_FINDINGS = {"KD403"}
+#: and only a run without CUDA: a kernel that needs CUDA is a KD500 note there, whatever it does
+CPU_ONLY_FINDINGS = {"KD500"}
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("KAUDIT_TEST_DEVICE=cuda, but torch sees no CUDA device", allow_module_level=True)
 
 
+def expected_on_device(folder: Path) -> set[tuple[str, int]]:
+    """The (code, line) pairs the fixture must give on DEVICE: its markers, less the findings of
+    the other device; a kernel that needs CUDA gives only the KD500 note on a CPU run."""
+    kernel = folder / "kernel.py"
+    text = kernel.read_text()
+    if DEVICE != "cuda" and cuda_reason(text) is not None:
+        return {("KD500", forward_location(str(kernel), text).line)}
+    other_device = CPU_ONLY_FINDINGS if DEVICE == "cuda" else GPU_ONLY_FINDINGS
+    return {(code, line) for code, line in expected_findings(kernel) if code not in other_device}
+
+
 @pytest.fixture(scope="module")
 def fixture_runs(tmp_path_factory):
-    """Every fixture folder audited once, several at a time."""
-    options = DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=240,
+    """Every fixture folder audited once, several at a time (on CUDA spread over the GPUs)."""
+    # on CUDA every candidate job compiles its extension first, many at once
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE,
+                             timeout=480 if DEVICE == "cuda" else 240,
                              extensions_dir=str(tmp_path_factory.mktemp("extensions")))
+    workers = min(8, os.cpu_count() or 1)
+    slots = GpuSlots(workers) if DEVICE == "cuda" else None
 
     def one(folder: Path):
         kernel = folder / "kernel.py"
-        return folder.name, audit_kernel(str(kernel), str(kernel), kernel.read_text(), options,
-                                         DEVICE)
+        with slots.take() if slots else contextlib.nullcontext() as gpu:
+            return folder.name, audit_kernel(str(kernel), str(kernel), kernel.read_text(),
+                                             options, DEVICE, gpu=gpu)
 
     folders = [f for f in dynamic_fixtures() if not (DEVICE == "cuda" and f.name in CPU_ONLY)]
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(pool.map(one, folders))
 
 
@@ -59,17 +84,17 @@ def test_dynamic_fixture_findings_match_markers(folder, fixture_runs):
     if DEVICE == "cuda" and folder.name in CPU_ONLY:
         pytest.skip("a CPU C++ extension: its kernel dereferences host pointers")
     run = fixture_runs[folder.name]
+    expected = expected_on_device(folder)
     actual = {(f.rule, f.line) for f in run.findings}
     messages = "\n".join(f"{f.rule}:{f.line}: {f.message}" for f in run.findings)
-    if DEVICE == "cuda" and folder.name in CUDA_ONLY:
-        assert run.status == "ok" and not run.findings, messages  # honest, runs on the GPU
-        return
-    assert actual == expected_findings(folder / "kernel.py"), messages
+    assert actual == expected, messages
     assert all(f.pass_ == "dynamic" and f.message for f in run.findings)
+    markers = expected_findings(folder / "kernel.py")
     if folder.name.startswith("good_"):
-        assert run.status == "ok" and not run.findings, messages
+        assert not markers, "an honest fixture declares no finding"
+        assert run.status == ("needs-cuda" if expected else "ok"), messages
     else:
-        assert folder.name.startswith("bad_") and run.findings
+        assert folder.name.startswith("bad_") and markers, "a bad fixture declares its findings"
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the C++ fixtures are CPU extensions")
@@ -182,11 +207,11 @@ def test_cuda_is_decided_from_the_text():
     cuda = (DYNAMIC_FIXTURES / "bad_needs_cuda" / "kernel.py").read_text()
     cpp = (DYNAMIC_FIXTURES / "good_cpp_extension" / "kernel.py").read_text()
     triton = "import triton\nimport triton.language as tl\n"
-    assert "cuda_sources" in cuda_reason(cuda, {})
-    assert cuda_reason(cpp, {}) is None
-    assert "TRITON_INTERPRET" in cuda_reason(triton, {})
-    assert cuda_reason(triton, {"TRITON_INTERPRET": "1"}) is None
-    assert cuda_reason("ext = load(name='k', sources=['k.cu'])\n", {}) is not None
+    assert "cuda_sources" in cuda_reason(cuda, False)
+    assert cuda_reason(cpp, False) is None
+    assert "install triton" in cuda_reason(triton, False)
+    assert cuda_reason(triton, True) is None  # runs under TRITON_INTERPRET=1
+    assert cuda_reason("ext = load(name='k', sources=['k.cu'])\n", False) is not None
 
 
 def test_needs_cuda_is_a_note_without_any_compile(tmp_path):
