@@ -20,9 +20,11 @@ class ConfigError(ValueError):
 
 
 def normalise_pattern(pattern: str) -> str:
-    """`ka2xx` -> `KA2`; validates the shape of a code or code prefix."""
+    """`ka2xx` -> `KA2`, `kd` -> `KD` (a whole family); validates the shape of a code or prefix."""
     text = pattern.strip().upper().rstrip("X")
-    if len(text) < 2 or not text[:2].isalpha() or not text[2:].isdigit() or len(text) > 5:
+    digits = text[2:]
+    if len(text) < 2 or not text[:2].isalpha() or (digits and not digits.isdigit()) \
+            or len(text) > 5:
         raise ConfigError(f"not a rule code or code prefix: {pattern!r}")
     return text
 

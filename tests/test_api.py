@@ -37,6 +37,10 @@ def test_config_selects_rules():
     assert scan_source(FALLBACK, config=Config(select=("KA103",))) == []
     with pytest.raises(ValueError, match="not a rule code"):
         Config(select=("K",))
+    # a whole family by its two letters
+    assert {f.rule for f in scan_source(FALLBACK, config=Config(select=("ka",)))} == \
+        {f.rule for f in scan_source(FALLBACK)}
+    assert scan_source(FALLBACK, config=Config(select=("KD",))) == []
 
 
 def test_input_problems_stay_on_under_select():
