@@ -302,3 +302,28 @@ def test_several_jobs_keep_the_order_of_the_items(tmp_path):
     runs = audit_items(items, options, "cpu", on_kernel=lambda done, total: progress.append(done))
     assert [r.path for r in runs] == ["b_first", "a_second", "c_third"]
     assert sorted(progress) == [1, 2, 3] and all(r.status == "no-problem" for r in runs)
+
+
+def test_a_scan_shares_one_content_addressed_build_cache(tmp_path, monkeypatch):
+    """Kernels with the same text (a results tree repeats them) compile once per scan: the scan
+    hands every kernel one build folder, which `audit_kernel` splits by a hash of the text."""
+    from kaudit.api import Report
+    from kaudit.config import Config
+    from kaudit.dynamic import kernels
+
+    seen = []
+
+    def record(items, options, device):
+        seen.append(options.extensions_dir)
+        assert os.path.isdir(options.extensions_dir)
+        return []
+
+    monkeypatch.setattr(kernels, "audit_items", record)
+    (tmp_path / "kernel.py").write_text("class ModelNew:\n    pass\n")
+    options = DynamicOptions(resolve(None, None, None), device="cpu")
+    kernels.run_dynamic([str(tmp_path)], Report(), options, Config())
+    assert len(seen) == 1 and not os.path.exists(seen[0])  # removed after the scan
+    kernels.run_dynamic([str(tmp_path)], Report(),
+                        DynamicOptions(resolve(None, None, None), extensions_dir=str(tmp_path)),
+                        Config())
+    assert seen[1] == str(tmp_path)  # a cache the caller names is kept

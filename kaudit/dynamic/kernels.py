@@ -803,7 +803,12 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
     device = resolve_device(options.device)
     items, _errors = discover(list(paths))
     items = ResultTrees().annotate(items)
-    runs = audit_items(items, options, device)
+    if options.extensions_dir is None:
+        # one build per kernel text for the whole scan (a results tree repeats kernels)
+        with tempfile.TemporaryDirectory(prefix="kaudit-extensions-") as builds:
+            runs = audit_items(items, dataclasses.replace(options, extensions_dir=builds), device)
+    else:
+        runs = audit_items(items, options, device)
     lines_of: dict[str, list[str]] = {}
     for item in items:
         if item.text is None and os.path.isfile(item.file):
