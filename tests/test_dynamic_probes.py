@@ -327,3 +327,31 @@ def test_a_scan_shares_one_content_addressed_build_cache(tmp_path, monkeypatch):
                         DynamicOptions(resolve(None, None, None), extensions_dir=str(tmp_path)),
                         Config())
     assert seen[1] == str(tmp_path)  # a cache the caller names is kept
+
+
+def test_kernels_in_jsonl_records_run_against_their_ref_code(tmp_path):
+    import json
+
+    from kaudit.discover import discover
+    from kaudit.results import ResultTrees
+
+    kernel = textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return torch.empty_like(x)
+        """)
+    records = [{"task_id": "level_1_problem_7", "ref_code": ROWS_PROBLEM.format(body="x * 2"),
+                "custom_code": kernel},
+               {"task_id": "level_1_problem_8", "custom_code": kernel}]
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    items = ResultTrees().annotate(discover([str(path)])[0])
+    options = DynamicOptions(resolve(None, None, None), device="cpu")
+    first, second = audit_items(items, options, "cpu")
+    assert first.path.endswith("samples.jsonl#L1/custom_code")
+    assert codes(first) == {"KD101"} and only(first, "KD101").metrics["pattern"] == "all"
+    assert codes(second) == {"KD502"}  # no ref_code and no --problems

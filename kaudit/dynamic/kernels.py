@@ -23,6 +23,7 @@ import ast
 import contextlib
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import re
@@ -178,15 +179,14 @@ def forward_location(path: str, text: str) -> Location:
 
 def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
                 on_kernel: Callable[[int, int], None] | None = None) -> list[KernelRun]:
-    """Run every kernel file among `items`, `options.jobs` at a time (on CUDA spread over the
-    visible GPUs); in-memory kernels (JSONL records) are not run yet. Runs come back in the
-    order of `items`."""
+    """Run every kernel among `items`, `options.jobs` at a time (on CUDA spread over the visible
+    GPUs). A kernel held in a JSONL record runs from a temporary `kernel.py`, next to its record's
+    `ref_code` as `problem.py` when it has one. Runs come back in the order of `items`."""
     work = []
     for item in items:
-        if item.text is not None:
-            continue
         try:
-            text = Path(item.file).read_text(encoding="utf-8", errors="replace")
+            text = item.text if item.text is not None else \
+                Path(item.file).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
         if "ModelNew" in text:
@@ -198,8 +198,13 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
     def one(entry: tuple[WorkItem, str]) -> KernelRun:
         item, text = entry
         submission = item.submission
-        with slots.take() if slots else contextlib.nullcontext() as gpu:
-            run = audit_kernel(item.file, item.display, text, options, device,
+        with contextlib.ExitStack() as stack:
+            file = item.file
+            if item.text is not None:
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="kaudit-record-"))
+                file = _materialise_record(item, text, folder)
+            gpu = stack.enter_context(slots.take()) if slots else None
+            run = audit_kernel(file, item.display, text, options, device,
                                submission.reference if submission else None,
                                submission.level if submission else None,
                                submission.problem if submission else None, gpu=gpu)
@@ -213,6 +218,25 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
         return [one(entry) for entry in work]
     with ThreadPoolExecutor(max_workers=options.jobs) as pool:
         return list(pool.map(one, work))
+
+
+def _materialise_record(item: WorkItem, text: str, folder: str) -> str:
+    """Write a JSONL record's kernel to `folder/kernel.py` and, when the record has a `ref_code`,
+    that to `folder/problem.py` (found as its sibling problem); returns the kernel's path."""
+    kernel = os.path.join(folder, "kernel.py")
+    Path(kernel).write_text(text, encoding="utf-8")
+    reference = item.submission.reference if item.submission else None
+    match = re.search(r"#L(\d+)/ref_code$", reference or "")
+    if match:
+        with open(item.file, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, start=1):
+                if number == int(match.group(1)):
+                    with contextlib.suppress(ValueError, AttributeError):
+                        code = json.loads(line).get("ref_code")
+                        if isinstance(code, str):
+                            Path(folder, "problem.py").write_text(code, encoding="utf-8")
+                    break
+    return kernel
 
 
 class GpuSlots:
@@ -811,7 +835,9 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
         runs = audit_items(items, options, device)
     lines_of: dict[str, list[str]] = {}
     for item in items:
-        if item.text is None and os.path.isfile(item.file):
+        if item.text is not None:
+            lines_of[item.display] = split_lines(item.text)
+        elif os.path.isfile(item.file):
             lines_of[item.display] = split_lines(
                 Path(item.file).read_text(encoding="utf-8", errors="replace"))
     new = assign_fingerprints([f for r in runs for f in r.findings
