@@ -30,8 +30,8 @@ from kaudit.dynamic.kernels import (
     cuda_reason,
     forward_location,
     pair_problem,
-    write_coverage,
 )
+from kaudit.dynamic.judge import write_coverage
 from kaudit.dynamic.tolerance import resolve
 
 #: KAUDIT_TEST_DEVICE=cuda runs the fixtures on the GPU: the CUDA fixtures are then compiled and

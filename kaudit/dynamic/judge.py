@@ -1,0 +1,463 @@
+"""Judging a kernel's dynamic run, in the kaudit process: from the tensors and facts the candidate
+child handed back (`kaudit.dynamic.kernel_job`) and the reference outputs, the KD findings.
+
+`judge` reads the candidate's files (poisoned runs, plain run, second calls, scaled runs, guard-zone
+masks) and reports, per output: write coverage (KD101/KD102, compared as bit patterns), writes into
+guard zones (KD103), correctness against the preset and a scale-invariant check (KD201/KD202),
+scale fragility against a float64 reference (KD301), stale output (KD401), input mutation
+(KD402), side-stream races (KD403) and work after return (KD404); a failed candidate is KD501.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from kaudit.dynamic.kernel_job import DEFERRED_WAIT
+from kaudit.dynamic.runner import OutputError, RunResult
+from kaudit.dynamic.tolerance import Tolerance
+from kaudit.findings import Location
+from kaudit.rule import rule_by_code
+
+if TYPE_CHECKING:
+    from kaudit.dynamic.kernels import KernelRun
+
+#: KD103 findings per kernel at most (one per allocation)
+MAX_OOB = 5
+#: scale-invariant thresholds by output dtype: (relative L2 error, max error / max |reference|)
+SCALE_FREE = {"float64": (1e-6, 1e-5), "float32": (1e-3, 1e-2), "float16": (1e-2, 5e-2),
+              "bfloat16": (5e-2, 1e-1)}
+SCALE_FREE_DEFAULT = (1e-3, 1e-2)
+
+
+class Adder:
+    """Adds a KD finding at the kernel's `forward` to a KernelRun."""
+
+    def __init__(self, run: KernelRun, where: Location) -> None:
+        self.run, self.where = run, where
+
+    def __call__(self, code: str, message: str, **metrics: Any) -> None:
+        rule = rule_by_code(code)
+        assert rule is not None, code
+        finding = rule().finding(self.where, message,
+                                 **{k: v for k, v in metrics.items() if v is not None})
+        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic"))
+
+
+def failure_metrics(result: RunResult) -> dict[str, Any]:
+    return {"status": result.status, "phase": result.phase, "error_type": result.error_type or None,
+            "stderr_tail": result.stderr_tail[-1500:] or None}
+
+
+def load_any(result: RunResult, name: str) -> list:
+    import torch
+
+    data = torch.load(result.path(name), map_location="cpu", weights_only=True)
+    return list(data)
+
+
+def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
+          scaled_refs: list[dict], options: Any) -> None:
+    from kaudit.dynamic import sentinels
+
+    if not candidate.ok:
+        run.status = "failed"
+        if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
+            try:
+                candidate.phase = candidate.path("phase.txt").read_text(encoding="utf-8")[:40]
+            except (OSError, FileNotFoundError):
+                pass
+        if candidate.error_type == "DeferredOutputError":
+            add("KD404", f"deferred work: {candidate.error}", returned=candidate.error)
+            return
+        what = {"import": "import or compile", "init": "construction"}.get(
+            candidate.phase or "", candidate.phase)
+        if what and candidate.phase != what:
+            candidate.phase = what  # describe() names the phase
+        add("KD501", f"the kernel {candidate.describe()}", **failure_metrics(candidate))
+        return
+    try:
+        poisoned = [candidate.load_tensors(f"poison{r}.pt") for r in range(sentinels.RUNS)]
+        plain = candidate.load_tensors("plain.pt")
+        fresh, same = candidate.load_tensors("fresh.pt"), candidate.load_tensors("same.pt")
+        after = load_any(candidate, "inputs_after.pt")
+        scaled = [candidate.load_tensors(f"scaled_{s['key']}.pt") for s in scaled_refs]
+        oob = {index: load_any(candidate, f"oob{index}.pt") for index in range(len(plain))
+               if f"oob{index}.pt" in candidate.files()}
+    except (OutputError, FileNotFoundError) as exc:
+        run.status = "failed"
+        add("KD501", f"the kernel's outputs could not be read: {exc}")
+        return
+    run.status = "ok"
+    info = candidate.value or {}
+    run.metrics.update({k: v for k, v in info.items() if not isinstance(v, list)})
+    ref_a, ref_b = refs["a"], refs["b"]
+    layout = _layout_problem(ref_a, plain)
+    if layout:
+        add("KD202", f"wrong output: {layout}", reason="layout")
+        return
+    incomplete, unwritten = _coverage(add, ref_a, poisoned, oob, options)
+    _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, unwritten, options)
+    _deferred(add, info)
+    _side_stream(add, info.get("side_stream", []), ref_a)
+    correct = not incomplete and _correctness(add, ref_a, plain, options.tolerance)
+    stale = _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
+    if correct and not stale:  # a replayed answer is wrong at every other scale too
+        _scale_fragility(add, scaled_refs, scaled)
+    _mutation(add, inputs["a"], after)
+
+
+def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
+              options: Any) -> tuple[bool, dict[int, Any]]:
+    """KD101/KD102 per output; (whether some output is not fully and cleanly written, each
+    output's unwritten mask)."""
+    from kaudit.dynamic import sentinels
+
+    incomplete = False
+    masks = {}
+    for index, ref in enumerate(reference):
+        runs = [p[index] for p in poisoned]
+        if any(r.shape != ref.shape or r.dtype != ref.dtype for r in runs):
+            continue
+        mask = masks[index] = unwritten_mask(runs)
+        coverage = write_coverage(runs, mask)
+        name = _output_name(index, reference)
+        if coverage["unwritten"]:
+            incomplete = True
+            picture = _picture(options, add, index, ref, mask, oob.get(index),
+                               f"{name}: {coverage['unwritten']} of {coverage['numel']} elements "
+                               f"never written")
+            add("KD101", f"{name} ({_describe_tensor(ref)}): {coverage['unwritten']} of "
+                f"{coverage['numel']} elements ({100 * coverage['fraction']:.3g} %) were never "
+                f"written in {sentinels.RUNS - 1} runs with different sentinels; "
+                f"{coverage['where']}", output=index, artifact=picture, **coverage)
+        elif coverage["dependent"] and coverage["deterministic"]:
+            incomplete = True
+            add("KD102", f"{name} ({_describe_tensor(ref)}): {coverage['dependent']} of "
+                f"{coverage['numel']} elements ({100 * coverage['dependent_fraction']:.3g} %) "
+                f"change with the sentinel that fills fresh allocations, while a repeat run with "
+                f"the same sentinel is bit-identical: the output depends on uninitialised memory",
+                output=index, **coverage)
+    return incomplete, masks
+
+
+def _out_of_bounds(add: Adder, violations: list[dict], reference: list, oob: dict,
+                   unwritten: dict[int, Any], options: Any) -> None:
+    """KD103: one finding per allocation whose guard zones were written, in any poisoned run."""
+    from kaudit.dynamic import sentinels
+
+    by_allocation: dict[tuple, list[dict]] = {}
+    for violation in violations:
+        # by shape and dtype: the unpoisoned runs allocate in another order and cannot tell
+        # which allocation became an output
+        key = (violation["phase"], tuple(violation["shape"]), violation["dtype"])
+        by_allocation.setdefault(key, []).append(violation)
+    for (phase, shape, dtype), seen in list(by_allocation.items())[:MAX_OOB]:
+        output = next((v["output"] for v in seen if v["output"] is not None), None)
+        order = min(v["order"] for v in seen)
+        what = (_output_name(output, reference) if output is not None else
+                f"a {'temporary' if phase == 'forward' else 'construction-time'} allocation "
+                f"(allocation #{order} of {phase})")
+        after, before = max(v["after"] for v in seen), max(v["before"] for v in seen)
+        parts = []
+        if after:
+            parts.append(f"{after} elements past its end (up to "
+                         f"{max(v['farthest_after'] for v in seen)} elements beyond)")
+        if before:
+            parts.append(f"{before} elements before its start (up to "
+                         f"{max(v['farthest_before'] for v in seen)} elements before)")
+        picture = None
+        if output is not None and output in oob and options.artifacts_dir:
+            ref = reference[output]
+            picture = _picture(options, add, output, ref, unwritten.get(output), oob[output],
+                               f"{what}: written out of bounds")
+        add("KD103", f"{what} (shape {list(shape)}, {dtype}) was written out of bounds: "
+            f"{' and '.join(parts)}, in {len({v['run'] for v in seen})} of {sentinels.RUNS + 1} "
+            f"runs (guard zones of {sentinels.GUARD_BYTES // 1024} KiB around each allocation)",
+            output=output, allocation_phase=phase, allocation=order, shape=list(shape),
+            dtype=dtype, written_after=after, written_before=before, artifact=picture)
+
+
+def _deferred(add: Adder, info: dict) -> None:
+    """KD404: a tensor subclass returned, the output changing after return, kernel threads alive."""
+    if info.get("returned"):
+        add("KD404", f"deferred work: forward returned a {info['returned']}, a torch.Tensor "
+            f"subclass, not a plain tensor (a subclass can compute or compare lazily)",
+            returned=info["returned"])
+    changed = info.get("changed_after_return") or 0
+    threads = info.get("lingering_threads") or []
+    if changed or threads:
+        parts = []
+        if changed:
+            parts.append(f"{changed} output elements changed during the {DEFERRED_WAIT:g} s "
+                         f"after forward returned (and the device was synchronised)")
+        if threads:
+            parts.append(f"threads the kernel started are still running: {', '.join(threads)}")
+        add("KD404", f"deferred work: {'; '.join(parts)}", changed_after_return=changed or None,
+            lingering_threads=threads or None)
+
+
+def _side_stream(add: Adder, differing: list[int], reference: list) -> None:
+    """KD403: outputs read after forward on the current stream differ from those read after a
+    device synchronise (CUDA runs only; one count per poisoned run)."""
+    racing = [count for count in differing if count]
+    if racing:
+        numel = sum(r.numel() for r in reference)
+        add("KD403", f"side stream: read on the current stream right after forward returned, "
+            f"up to {max(racing)} of {numel} output elements differed from the values after a "
+            f"device synchronise (in {len(racing)} of {len(differing)} runs): work left on "
+            f"another stream finishes after the harness's timer and checks",
+            differing=max(racing), runs=len(racing), numel=numel)
+
+
+def _scale_fragility(add: Adder, scaled_refs: list[dict], scaled: list[list]) -> None:
+    """KD301: wrong at a scale where the float64 reference shows the problem is well conditioned
+    (the native reference agrees with it within the scale-free limits)."""
+    for record, outputs in zip(scaled_refs, scaled):
+        if record["fp64"] is None or len(outputs) != len(record["native"]):
+            continue
+        for index, (native, wide, out) in enumerate(zip(record["native"], record["fp64"],
+                                                        outputs)):
+            if out.shape != native.shape or wide.shape != native.shape:
+                continue
+            rel_limit, ratio_limit = SCALE_FREE.get(_dtype(native), SCALE_FREE_DEFAULT)
+            ref_rel, ref_ratio = scale_free_errors(wide, native)
+            if ref_rel > rel_limit or ref_ratio > ratio_limit:
+                continue  # the problem itself loses accuracy at this scale
+            rel, ratio = scale_free_errors(wide, out)
+            if rel > max(rel_limit, 10 * ref_rel) or ratio > max(ratio_limit, 10 * ref_ratio):
+                name = _output_name(index, outputs)
+                add("KD301", f"scale fragility: with the inputs scaled by {record['scale']:g}, "
+                    f"{name} has relative L2 error {_num(rel)} and max error / max|reference| "
+                    f"{_num(ratio)} against a float64 reference (limits {rel_limit:g}, "
+                    f"{ratio_limit:g}), while the {_dtype(native)} reference stays within "
+                    f"{_num(ref_rel)} / {_num(ref_ratio)}: correct at scale 1, wrong at "
+                    f"{record['scale']:g}", scale=record["scale"], output=index,
+                    relative_l2=_finite(rel), max_error_ratio=_finite(ratio),
+                    reference_relative_l2=ref_rel, reference_max_error_ratio=ref_ratio)
+                return
+
+
+def _picture(options: Any, add: Adder, index: int, reference: Any, unwritten: Any,
+             guards: list | None, title: str) -> str | None:
+    """An SVG of the output's unwritten / out-of-bounds elements under --artifacts, else None."""
+    if not options.artifacts_dir:
+        return None
+    from kaudit.dynamic.artifacts import write_picture
+
+    stem = f"{add.run.path}-output{index}"
+    before, after = guards if guards else (None, None)
+    return write_picture(options.artifacts_dir, stem, list(reference.shape), unwritten=unwritten,
+                         written_before=before, written_after=after, title=title)
+
+
+def _layout_problem(reference: list, candidate: list) -> str | None:
+    if len(reference) != len(candidate):
+        return f"forward returned {len(candidate)} tensors, the reference {len(reference)}"
+    for index, (ref, out) in enumerate(zip(reference, candidate)):
+        if tuple(ref.shape) != tuple(out.shape):
+            return (f"{_output_name(index, reference)} has shape {list(out.shape)}, "
+                    f"the reference {list(ref.shape)}")
+        if ref.dtype != out.dtype:
+            return (f"{_output_name(index, reference)} has dtype {_dtype(out)}, "
+                    f"the reference {_dtype(ref)}")
+    return None
+
+
+def unwritten_mask(runs: list) -> Any:
+    """Flat bool mask of the elements equal to their run's sentinel in every poisoned run (run i
+    filled with sentinel i, the last run repeating the first sentinel); all False for dtypes that
+    are not poisoned."""
+    import torch
+
+    from kaudit.dynamic import sentinels
+
+    dtype = runs[0].dtype
+    bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
+    unwritten = torch.ones(bits[0].numel(), dtype=torch.bool)
+    for run, value in enumerate(bits):
+        fill = sentinels.fill_value(dtype, run)
+        if fill is None:
+            return torch.zeros(bits[0].numel(), dtype=torch.bool)
+        unwritten &= value == fill
+    return unwritten
+
+
+def write_coverage(runs: list, unwritten: Any = None) -> dict[str, Any]:
+    """Bit-level coverage of one output over the poisoned runs (see `unwritten_mask`)."""
+    import torch
+
+    from kaudit.dynamic import sentinels
+
+    if unwritten is None:
+        unwritten = unwritten_mask(runs)
+    bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
+    numel = bits[0].numel()
+    distinct = [r for r in range(len(bits)) if sentinels.sentinel_run(r) == r]
+    differs = torch.zeros(numel, dtype=torch.bool)
+    for r in distinct[1:]:
+        differs |= bits[r] != bits[distinct[0]]
+    repeat_same = all(torch.equal(bits[r], bits[sentinels.sentinel_run(r)])
+                      for r in range(len(bits)) if sentinels.sentinel_run(r) != r)
+    dependent = differs & ~unwritten
+    count = int(unwritten.sum())
+    shape = list(runs[0].shape)
+    return {"numel": numel, "unwritten": count,
+            "fraction": round(count / numel, 6) if numel else 0.0,
+            "dependent": int(dependent.sum()),
+            "dependent_fraction": round(int(dependent.sum()) / numel, 6) if numel else 0.0,
+            "deterministic": repeat_same,
+            "poisoned_dtype": sentinels.fill_value(runs[0].dtype, 0) is not None,
+            **_where(unwritten, shape)}
+
+
+def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
+    """Where the unwritten elements lie: tail, whole rows, whole columns, strided or scattered."""
+    import torch
+
+    count = int(mask.sum())
+    if not count:
+        return {"pattern": "none", "where": "none"}
+    numel = mask.numel()
+    columns = shape[-1] if len(shape) >= 1 and shape[-1] else 1
+    rows = numel // columns
+    grid = mask.reshape(rows, columns)
+    full_rows = grid.all(dim=1)
+    full_columns = grid.all(dim=0)
+    positions = torch.nonzero(mask).reshape(-1)
+    first = int(positions[0])
+    info: dict[str, Any] = {"first_unwritten": first, "rows": rows, "columns": columns,
+                            "rows_unwritten": int(full_rows.sum()),
+                            "columns_unwritten": int(full_columns.sum())}
+    if count == numel:
+        info.update(pattern="all", where="no element of the output was written")
+    elif count == numel - first:
+        info.update(pattern="tail", where=f"the tail from flat index {first} on "
+                    f"({count} elements) was never written")
+    elif rows > 1 and int(full_rows.sum()) * columns == count:
+        written = [int(i) for i in torch.nonzero(~full_rows).reshape(-1)[:5]]
+        info.update(pattern="rows", where=f"{int(full_rows.sum())} of {rows} rows (of "
+                    f"{columns} elements) were never written; written rows include {written}")
+    elif columns > 1 and int(full_columns.sum()) * rows == count:
+        info.update(pattern="columns", where=f"{int(full_columns.sum())} of {columns} columns "
+                    f"were never written")
+    else:
+        steps = torch.unique(positions[1:] - positions[:-1]) if count > 1 else None
+        if steps is not None and steps.numel() == 1 and int(steps[0]) > 1:
+            info.update(pattern="strided", stride=int(steps[0]),
+                        where=f"every {int(steps[0])}th element from flat index {first} on")
+        else:
+            info.update(pattern="scattered", where=f"scattered, first at flat index {first}, "
+                        f"{int(full_rows.sum())} whole rows of {rows}")
+    return info
+
+
+def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
+    """(relative L2 error, max error / max |reference|), in float64; inf when the reference is all
+    zero and the candidate is not."""
+    import torch
+
+    ref = reference.double().reshape(-1)
+    out = candidate.double().reshape(-1)
+    if not ref.numel():
+        return 0.0, 0.0
+    diff = out - ref
+    if not bool(torch.isfinite(diff).all()):
+        return math.inf, math.inf
+    norm, peak = float(ref.norm()), float(ref.abs().max())
+    error_norm, error_peak = float(diff.norm()), float(diff.abs().max())
+    rel = error_norm / norm if norm else (0.0 if error_norm == 0 else math.inf)
+    ratio = error_peak / peak if peak else (0.0 if error_peak == 0 else math.inf)
+    return rel, ratio
+
+
+def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance) -> bool:
+    """KD201/KD202 per output; True when every output passes both checks."""
+    from kaudit.dynamic.probes import passes
+
+    correct = True
+    for index, (ref, out) in enumerate(zip(reference, candidate)):
+        dtype = _dtype(ref)
+        atol, rtol = tolerance.for_dtype(dtype)
+        preset = passes(ref, out, atol, rtol)
+        rel, ratio = scale_free_errors(ref, out)
+        rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
+        scale_ok = rel <= rel_limit and ratio <= ratio_limit
+        name = _output_name(index, reference)
+        peak = float(ref.double().abs().max()) if ref.numel() else 0.0
+        numbers = (f"relative L2 error {_num(rel)} (limit {rel_limit:g}), max error / "
+                   f"max|reference| {_num(ratio)} (limit {ratio_limit:g}), max|reference| "
+                   f"{peak:.3g}")
+        metrics = {"output": index, "relative_l2": _finite(rel), "max_error_ratio": _finite(ratio),
+                   "max_abs_reference": peak, "atol": atol, "rtol": rtol,
+                   "tolerance": tolerance.name}
+        correct = correct and scale_ok
+        if preset and not scale_ok:
+            add("KD201", f"{name} passes {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g}) "
+                f"only through its absolute part: {numbers}", **metrics)
+        elif not preset and not scale_ok:
+            add("KD202", f"wrong output: {name} fails {tolerance.name} allclose (atol {atol:g}, "
+                f"rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
+    return correct
+
+
+def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same: list,
+           tolerance: Tolerance) -> bool:
+    """KD401; True when reported."""
+    from kaudit.dynamic.probes import passes
+
+    def matches(refs: list, outs: list) -> bool:
+        return len(refs) == len(outs) and all(
+            r.shape == o.shape and passes(r, o, *tolerance.for_dtype(_dtype(r)))
+            for r, o in zip(refs, outs))
+
+    if matches(ref_a, ref_b) or not matches(ref_a, plain):
+        return False  # inputs A and B give the same answer, or the first call was already wrong
+    for outs, how in ((fresh, "new buffers"), (same, "the first call's buffers")):
+        if not matches(ref_b, outs) and matches(ref_a, outs):
+            add("KD401", f"stale output: called again with fresh inputs in {how}, forward "
+                f"returned the first call's answer, not the answer for the new inputs",
+                buffers="new" if outs is fresh else "same")
+            return True
+    return False
+
+
+def _mutation(add: Adder, before: list, after: list) -> None:
+    import torch
+
+    for index, (old, new) in enumerate(zip(before, after)):
+        if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
+            continue
+        if old.shape != new.shape or old.dtype != new.dtype:
+            add("KD402", f"input {index} changed shape or dtype during forward",
+                input=index)
+            continue
+        from kaudit.dynamic import sentinels
+
+        changed = sentinels.as_bits(old) != sentinels.as_bits(new)
+        count = int(changed.sum())
+        if count:
+            add("KD402", f"input {index} ({_describe_tensor(old)}) was modified by forward: "
+                f"{count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) differ "
+                f"afterwards", input=index, changed=count, numel=old.numel())
+
+
+def _output_name(index: int, outputs: list) -> str:
+    return "the output" if len(outputs) == 1 else f"output {index}"
+
+
+def _dtype(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _describe_tensor(tensor: Any) -> str:
+    return f"shape {list(tensor.shape)}, {_dtype(tensor)}"
+
+
+def _num(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else value
