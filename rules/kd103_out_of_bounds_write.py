@@ -6,10 +6,11 @@ class OutOfBoundsWrite(DynamicRule):
     """The kernel writes outside the memory it was given.
 
     ## What it does
-    In the poisoned runs of the write-coverage probe, every contiguous allocation made through
-    the PyTorch dispatcher (`torch.empty*`, `at::empty*` in C++ extensions) gets a guard zone of
-    16 KiB before and after it, filled with the run's sentinel. After forward, guard elements that
-    no longer hold the sentinel were written out of bounds. The message names the allocation (an
+    In every run of the candidate (the poisoned runs of the write-coverage probe and the
+    unpoisoned ones), every contiguous allocation made through the PyTorch dispatcher
+    (`torch.empty*`, `at::empty*` in C++ extensions) gets a guard zone of 16 KiB before and after
+    it, filled with a sentinel. After forward, guard elements that no longer hold the sentinel were
+    written out of bounds. The message names the allocation (an
     output, or a temporary with its shape and dtype), how many elements were written past its end or
     before its start and how far; with `--artifacts DIR` a picture shows them next to the output.
 
