@@ -14,7 +14,11 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from kaudit.dynamic import sentinels
 from kaudit.dynamic.kernel_job import DEFERRED_WAIT
+from kaudit.dynamic.probes import passes
 from kaudit.dynamic.runner import OutputError, RunResult
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Location
@@ -51,16 +55,12 @@ def failure_metrics(result: RunResult) -> dict[str, Any]:
 
 
 def load_any(result: RunResult, name: str) -> list:
-    import torch
-
     data = torch.load(result.path(name), map_location="cpu", weights_only=True)
     return list(data)
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
           scaled_refs: list[dict], options: Any) -> None:
-    from kaudit.dynamic import sentinels
-
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -112,8 +112,6 @@ def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
               options: Any) -> tuple[bool, dict[int, Any]]:
     """KD101/KD102 per output; (whether some output is not fully and cleanly written, each
     output's unwritten mask)."""
-    from kaudit.dynamic import sentinels
-
     incomplete = False
     masks = {}
     for index, ref in enumerate(reference):
@@ -145,8 +143,6 @@ def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
 def _out_of_bounds(add: Adder, violations: list[dict], reference: list, oob: dict,
                    unwritten: dict[int, Any], options: Any) -> None:
     """KD103: one finding per allocation whose guard zones were written, in any poisoned run."""
-    from kaudit.dynamic import sentinels
-
     by_allocation: dict[tuple, list[dict]] = {}
     for violation in violations:
         # by shape and dtype: the unpoisoned runs allocate in another order and cannot tell
@@ -168,7 +164,7 @@ def _out_of_bounds(add: Adder, violations: list[dict], reference: list, oob: dic
             parts.append(f"{before} elements before its start (up to "
                          f"{max(v['farthest_before'] for v in seen)} elements before)")
         picture = None
-        if output is not None and output in oob and options.artifacts_dir:
+        if output is not None and output in oob:
             ref = reference[output]
             picture = _picture(options, add, output, ref, unwritten.get(output), oob[output],
                                f"{what}: written out of bounds")
@@ -269,10 +265,6 @@ def unwritten_mask(runs: list) -> Any:
     """Flat bool mask of the elements equal to their run's sentinel in every poisoned run (run i
     filled with sentinel i, the last run repeating the first sentinel); all False for dtypes that
     are not poisoned."""
-    import torch
-
-    from kaudit.dynamic import sentinels
-
     dtype = runs[0].dtype
     bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
     unwritten = torch.ones(bits[0].numel(), dtype=torch.bool)
@@ -286,10 +278,6 @@ def unwritten_mask(runs: list) -> Any:
 
 def write_coverage(runs: list, unwritten: Any = None) -> dict[str, Any]:
     """Bit-level coverage of one output over the poisoned runs (see `unwritten_mask`)."""
-    import torch
-
-    from kaudit.dynamic import sentinels
-
     if unwritten is None:
         unwritten = unwritten_mask(runs)
     bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
@@ -314,8 +302,6 @@ def write_coverage(runs: list, unwritten: Any = None) -> dict[str, Any]:
 
 def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
     """Where the unwritten elements lie: tail, whole rows, whole columns, strided or scattered."""
-    import torch
-
     count = int(mask.sum())
     if not count:
         return {"pattern": "none", "where": "none"}
@@ -356,8 +342,6 @@ def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
 def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
     """(relative L2 error, max error / max |reference|), in float64; inf when the reference is all
     zero and the candidate is not."""
-    import torch
-
     ref = reference.double().reshape(-1)
     out = candidate.double().reshape(-1)
     if not ref.numel():
@@ -374,8 +358,6 @@ def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
 
 def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance) -> bool:
     """KD201/KD202 per output; True when every output passes both checks."""
-    from kaudit.dynamic.probes import passes
-
     correct = True
     for index, (ref, out) in enumerate(zip(reference, candidate)):
         dtype = _dtype(ref)
@@ -405,8 +387,6 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
 def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same: list,
            tolerance: Tolerance) -> bool:
     """KD401; True when reported."""
-    from kaudit.dynamic.probes import passes
-
     def matches(refs: list, outs: list) -> bool:
         return len(refs) == len(outs) and all(
             r.shape == o.shape and passes(r, o, *tolerance.for_dtype(_dtype(r)))
@@ -424,8 +404,6 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
 
 
 def _mutation(add: Adder, before: list, after: list) -> None:
-    import torch
-
     for index, (old, new) in enumerate(zip(before, after)):
         if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
             continue
@@ -433,8 +411,6 @@ def _mutation(add: Adder, before: list, after: list) -> None:
             add("KD402", f"input {index} changed shape or dtype during forward",
                 input=index)
             continue
-        from kaudit.dynamic import sentinels
-
         changed = sentinels.as_bits(old) != sentinels.as_bits(new)
         count = int(changed.sum())
         if count:

@@ -39,6 +39,7 @@ from typing import Any
 
 from kaudit.discover import WorkItem, display_path
 from kaudit.dynamic.judge import Adder, failure_metrics, judge, load_any
+from kaudit.dynamic.problems import cpu_time_limit, default_memory_limit, resolve_device
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location
@@ -291,9 +292,9 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
         add("KD502", "not run: no reference problem (give --problem FILE, put problem.py next "
             "to the kernel, or --problems ROOT for KernelBench names)")
         return run
-    shared_memory = _memory_limit() if device == "cpu" else None
+    shared_memory = default_memory_limit() if device == "cpu" else None
     memory = shared_memory // max(1, options.jobs) if shared_memory else None
-    cpu_seconds = options.timeout * (os.cpu_count() or 1) + 30 if device == "cpu" else None
+    cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     scales = [s for s in options.scales if s != 1]
     common = {"problem": os.path.abspath(problem), "device": device,
               "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales,
@@ -357,22 +358,6 @@ def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) 
                        "fp64": result.load_tensors(f"ref64_{key}.pt") if fp64 else None,
                        "fp64_error": described.get(key, {}).get("fp64_error")})
     return scaled
-
-
-def _memory_limit() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-# -- scan integration ------------------------------------------------------------------------
-
-
-def resolve_device(requested: str) -> str:
-    from kaudit.dynamic.problems import resolve_device as resolve
-
-    return resolve(requested)
 
 
 def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: Any) -> list[KernelRun]:

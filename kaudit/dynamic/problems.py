@@ -235,6 +235,11 @@ def resolve_device(requested: str) -> str:
     return "cuda" if available else "cpu"
 
 
+def cpu_time_limit(timeout: float) -> float:
+    """RLIMIT_CPU for a CPU job: its wall-clock timeout on every core, plus start-up."""
+    return timeout * (os.cpu_count() or 1) + 30
+
+
 def default_memory_limit() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
@@ -252,7 +257,7 @@ def audit_problems(paths: Iterable[str], options: Options,
     shared = default_memory_limit()
     memory = (options.memory_limit or (shared // options.jobs if shared else None)) \
         if device == "cpu" else None
-    cpu_seconds = options.timeout * (os.cpu_count() or 1) + 30 if device == "cpu" else None
+    cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
 
     def one(file: str) -> ProblemResult:
         job = Job(JOB_TARGET, {"path": os.path.abspath(file), "device": device,
