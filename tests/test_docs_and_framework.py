@@ -3,11 +3,21 @@ own Example must trigger it (Fixit-style), so docs cannot drift from behaviour."
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 import pytest
 
 from kaudit import scan_source
 from kaudit.rule import CODE_PATTERN, NAME_PATTERN, REQUIRED_SECTIONS, all_rules, rule_by_code
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
 NOT_TEXT_EXAMPLES = {"KA003": "the example of an unreadable file cannot itself be text"}
 
 
@@ -63,3 +73,29 @@ def test_missing_doc_section_is_refused():
 
     with pytest.raises(ValueError, match="Why is this bad"):
         parse_docs(Undocumented)
+
+
+def _readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
+    return re.findall(r"```sh\n(.+?)\n```", quick_start)
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    scan_command, test_command = _readme_commands()
+    ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci_lines[-1] == test_command
+    # Both commands install into their own virtualenv, so system-wide packages cannot hide a
+    # missing dependency, and each runs the tool or the tests from that virtualenv.
+    for command in (scan_command, test_command):
+        assert command.startswith("python3 -m venv .venv && .venv/bin/pip install")
+    assert scan_command.endswith(".venv/bin/kaudit scan fixtures/")
+    assert test_command.endswith(".venv/bin/python -m pytest")
+
+
+def test_extras_declare_what_the_triton_interpreter_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for extra in ("test", "dynamic"):
+        names = {re.split(r"[<>=;\[ ]", requirement)[0]
+                 for requirement in project["optional-dependencies"][extra]}
+        assert "numpy" in names, extra
