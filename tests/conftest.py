@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+# The console scripts (`kaudit`) are installed beside the interpreter that runs the tests; the
+# README's test command runs `.venv/bin/python -m pytest` without activating the virtualenv.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
