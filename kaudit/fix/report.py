@@ -1,0 +1,43 @@
+"""Fixes carried by the JSON and SARIF reports: each finding of a fixable rule gets its `fix`.
+
+The files are read again after the scan; a fix is attached only to a finding found again, with
+the same fingerprint, in the file as it is now. Nothing of the fix machinery (libcst) is loaded
+when no finding could have a fix."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kaudit.config import Config
+from kaudit.rule import rule_by_code
+from kaudit.source import LineIndex, read_source
+
+if TYPE_CHECKING:
+    from kaudit.api import Report
+
+
+def attach_fixes(report: Report, config: Config | None = None) -> None:
+    """Set `Finding.fix` (its JSON form) on the findings of `report` that have a safe fix."""
+    by_path: dict[str, list[int]] = {}
+    for i, finding in enumerate(report.findings):
+        rule = rule_by_code(finding.rule)
+        if finding.fix is None and rule is not None and rule.fixable() \
+                and "#L" not in finding.path:  # kernels inside JSONL records are not fixed
+            by_path.setdefault(finding.path, []).append(i)
+    if not by_path:
+        return
+    from kaudit.fix.engine import fixes_of_text  # libcst
+
+    for path, indices in by_path.items():
+        text, problem = read_source(Path(path))
+        if text is None or problem is not None:
+            continue
+        fixes = fixes_of_text(path, text, config or Config())
+        index = LineIndex(text)
+        for i in indices:
+            finding = report.findings[i]
+            fix = fixes.get((finding.rule, finding.fingerprint))
+            if fix is not None:
+                report.findings[i] = dataclasses.replace(finding, fix=fix.to_dict(path, index))
