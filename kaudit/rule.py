@@ -3,7 +3,9 @@
 A rule is one module in `rules/` (installed as `kaudit.rules`) holding one `Rule` subclass. Its
 docstring is its documentation, in ruff's shape: a one-line summary, then `## What it does`,
 `## Why is this bad?` and `## Example` sections. `kaudit explain`, `kaudit rules` and SARIF help
-all render that single text. Its fixtures live in `fixtures/rules/<CODE>/`.
+all render that single text. Its fixtures live in `fixtures/rules/<CODE>/`. A rule that can fix
+its findings also defines `fix` (Fixit-style): the edits, computed from the finding and the parse,
+that `kaudit fix` applies and JSON/SARIF reports carry; its fixtures then include `bad_x.fixed.py`.
 """
 
 from __future__ import annotations

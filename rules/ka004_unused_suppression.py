@@ -1,9 +1,15 @@
+from __future__ import annotations
+
 import re
+from typing import TYPE_CHECKING
 
 from kaudit.findings import Finding, Level, Precision
 from kaudit.fix.edits import Edit, Fix, NoFix
 from kaudit.rule import Rule
 from kaudit.suppressions import parse_suppressions
+
+if TYPE_CHECKING:
+    from kaudit.fix.editor import Editor
 
 _MARKER_BEFORE = re.compile(r"(#|//)[ \t]*$")
 
@@ -38,7 +44,7 @@ class UnusedSuppression(Rule):
     precision = Precision.VERY_HIGH
     tags = ("input", "suppression")
 
-    def fix(self, editor, finding: Finding) -> Fix | None:
+    def fix(self, editor: Editor, finding: Finding) -> Fix | None:
         start, end = editor.location_span(finding.location)
         line_start, line_end, next_line = editor.line_bounds(start)
         line = editor.text[line_start:line_end]

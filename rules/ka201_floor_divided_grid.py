@@ -210,14 +210,16 @@ def _enclosing_function(model: SourceModel, node: ast.AST) -> ast.AST | None:
 
 def _python_value(model: SourceModel, scope: ast.AST | None, name: str,
                   before: tuple[int, int]) -> ast.expr | None:
-    """The expression last assigned to `name` before `before`: in the function, else at module
-    level."""
+    """The expression last assigned to `name` before `before` in the function, else at module
+    level (where all of it runs before any launch)."""
     for where in (scope, model.module):
         if where is None:
             continue
-        nodes = ast.walk(where) if where is scope else iter(model.module.body)  # type: ignore[union-attr]
+        local = where is scope
+        nodes = ast.walk(where) if local else iter(model.module.body)  # type: ignore[union-attr]
         found = [node for node in nodes if isinstance(node, (ast.Assign, ast.AnnAssign))
-                 and (node.lineno, node.col_offset) < before and node.value is not None
+                 and (not local or (node.lineno, node.col_offset) < before)
+                 and node.value is not None
                  and [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
                       if isinstance(t, ast.Name)] == [name]]
         if found:

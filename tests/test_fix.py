@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from kaudit import Config, Level, scan_paths, scan_source
+from kaudit import Config, scan_paths, scan_source
 from kaudit.config import code_matches
 from kaudit.fix.edits import Edit, Fix, apply_edits
 from kaudit.fix.engine import fix_text, fixes_of_text
+from kaudit.fix.report import fixed_by_default
 from kaudit.fix.suppress import add_suppressions
 from kaudit.rule import all_rules, rule_by_code
 from tests.conftest import FIXED_SUFFIX, FIXTURES, ROOT, RULE_FIXTURES, rule_fixtures
@@ -79,14 +81,10 @@ def test_fixed_form_parses_rescans_clean_and_is_stable(fixture):
 @pytest.mark.parametrize("path", HONEST, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_honest_code_is_never_changed(path):
     text = path.read_text(encoding="utf-8")
-    default = fix_text(display(path), text, Config(), _default_wanted)
+    default = fix_text(display(path), text, Config(), fixed_by_default)
     assert default.text == text and not default.applied
     if path.parent.name in FIXABLE:  # a rule's honest look-alikes, even with the rule selected
         assert fix_text(display(path), text, Config(), only(path.parent.name)).text == text
-
-
-def _default_wanted(finding) -> bool:
-    return finding.level.rank >= Level.WARNING.rank or finding.rule == "KA004"
 
 
 # --- the engine -------------------------------------------------------------------------------
@@ -248,6 +246,14 @@ def test_diff_prints_a_patch_and_writes_nothing(tmp_path):
     assert fixture.read_text() == fixed_path(RULE_FIXTURES / "KA201" / fixture.name).read_text()
 
 
+def test_usage_errors(tmp_path):
+    assert kaudit("fix", "missing.py", cwd=tmp_path).returncode == 2
+    (tmp_path / "k.py").write_text(TRITON)
+    bad = kaudit("fix", "k.py", "--select", "not-a-code", cwd=tmp_path)
+    assert bad.returncode == 2 and "not a rule code" in bad.stderr
+    assert (tmp_path / "k.py").read_text() == TRITON
+
+
 def test_notes_are_fixed_only_when_selected(tmp_path):
     (fixture,) = copy_fixtures(tmp_path, "KA308/bad_unchecked_launches.py")
     original = fixture.read_text()
@@ -348,13 +354,14 @@ def test_sarif_results_carry_fixes_that_reproduce_the_fix():
     from tests.test_sarif import render, validate
 
     paths = [RULE_FIXTURES / "KA201" / "bad_cuda_escaped_string.py",
-             RULE_FIXTURES / "KA308" / "bad_fstring_no_header.py",
+             RULE_FIXTURES / "KA401" / "bad_tf32_switches_triton.py",
              RULE_FIXTURES / "KA004" / "bad_unused_ignore.py"]
     log = render(paths)
     validate(log)
     with_fixes = [r for r in log["runs"][0]["results"] if "fixes" in r]
-    assert {r["ruleId"] for r in with_fixes} == {"KA004", "KA201", "KA308"}
-    assert all(r["ruleId"] in FIXABLE for r in with_fixes)
+    assert {r["ruleId"] for r in with_fixes} == {"KA004", "KA201", "KA401"}
+    assert len(with_fixes) == 1 + 5 + 2
+    assert not [r for r in log["runs"][0]["results"] if r["ruleId"] == "KA308" and "fixes" in r]
     for result in with_fixes:
         (change,) = result["fixes"][0]["artifactChanges"]
         path = ROOT / change["artifactLocation"]["uri"]
@@ -383,8 +390,9 @@ def test_json_says_which_findings_are_fixable():
                           capture_output=True, text=True, cwd=ROOT)
     findings = json.loads(proc.stdout)["findings"]
     fixable = [f for f in findings if "fix" in f]
-    assert {f["rule"] for f in fixable} == {"KA201", "KA308"}  # KA308: the KA101 file's launch
-    assert len([f for f in fixable if f["rule"] == "KA201"]) == 3
+    assert {f["rule"] for f in fixable} == {"KA201"} and len(fixable) == 3
+    # notes' fixes are not computed during a scan (the KA101 fixture's launch draws KA308)
+    assert any(f["rule"] == "KA308" and "fix" not in f for f in findings)
     assert any(f["rule"] == "KA101" and "fix" not in f for f in findings)
     first = next(f for f in fixable if f["rule"] == "KA201")["fix"]
     assert first["description"].startswith("round the grid up")
@@ -393,14 +401,89 @@ def test_json_says_which_findings_are_fixable():
 
 
 def test_a_plain_scan_does_not_import_libcst():
-    """The fix machinery stays out of the scan: its speed does not change."""
+    """The fix machinery stays out of the scan, and out of JSON and SARIF reports whose findings
+    have no fix `kaudit fix` would apply by default: their speed does not change."""
     code = ("import sys\nfrom kaudit.cli import main\n"
             "sys.argv = ['kaudit', 'scan', 'fixtures/rules/KA201', 'fixtures/rules/KA004', "
             "'--no-cache']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "assert 'libcst' not in sys.modules, 'libcst imported'\n"
-            "import kaudit.fix.edits, kaudit.fix.report\n"
-            "assert 'libcst' not in sys.modules\n")
+            "import kaudit\nfrom kaudit.report import json_report, sarif\n"
+            "from kaudit.rule import all_rules\n"
+            "report = kaudit.scan_paths(['fixtures/honest'])\n"
+            "assert {f.rule for f in report.findings} == {'KA308'}\n"
+            "json_report.render(report), sarif.render(report, list(all_rules()))\n"
+            "assert 'libcst' not in sys.modules, 'libcst imported for notes'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "KA201" in proc.stdout
+
+
+# --- the fixed kernels compute the whole output -----------------------------------------------
+
+RUN_FIXED = '''
+import importlib.util, json, sys
+import torch
+
+def load(path):
+    spec = importlib.util.spec_from_file_location("fixed_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+results = {}
+for path, init, shape, reference in json.loads(sys.argv[1]):
+    torch.manual_seed(0)
+    model = load(path).ModelNew(*init)
+    x = torch.randn(*shape, device=sys.argv[2])
+    out = model(x)
+    expected = eval(reference)(x)
+    results[path] = bool(torch.allclose(out, expected, atol=1e-5, rtol=1e-5))
+print(json.dumps(results))
+'''
+
+# (fixture, ModelNew's arguments, input shape: sizes with a partial last block, reference)
+TRITON_FIXED = [
+    ("KA201/bad_triton_floor_division", [1.5], [3, 1001], "lambda x: x * torch.sigmoid(x) * 2.25"),
+    ("KA201/bad_triton_imported_as", [], [3, 1001], "torch.relu"),
+    ("KA201/bad_triton_no_module_import", [], [3, 1001], "lambda x: x * x"),
+]
+CUDA_FIXED = [
+    ("KA201/bad_cuda_int_division", [1000], [37, 1000],
+     "lambda x: torch.nn.functional.gelu(x, approximate='tanh')"),
+    ("KA201/bad_cuda_dim3_and_vectorized", [0.5], [37, 1000],
+     "lambda x: torch.sigmoid(x.t() * 0.5)"),
+    ("KA201/bad_cuda_escaped_string", [], [37, 1001], "lambda x: -x"),
+    ("KA308/bad_unchecked_launches", ["both"], [37, 1001], "lambda x: x * x + x.abs()"),
+    ("KA308/bad_fstring_no_header", [], [37, 1001], "torch.exp"),
+    ("KA004/bad_unused_ignore", [], [37, 1001], "torch.relu"),
+]
+
+
+def run_fixed(cases, device: str, suffix: str, **env: str) -> dict[str, bool]:
+    spec = [[str(RULE_FIXTURES / f"{name}{suffix}"), init, shape, reference]
+            for name, init, shape, reference in cases]
+    proc = subprocess.run([sys.executable, "-c", RUN_FIXED, json.dumps(spec), device],
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {Path(path).name: ok for path, ok in json.loads(proc.stdout).items()}
+
+
+def test_fixed_triton_grids_cover_the_output():
+    """Under Triton's CPU interpreter: the fixed launches write every element, the bad ones
+    leave the tail unwritten."""
+    pytest.importorskip("triton")
+    fixed = run_fixed(TRITON_FIXED, "cpu", FIXED_SUFFIX, TRITON_INTERPRET="1")
+    assert all(fixed.values()), fixed
+    bad = run_fixed(TRITON_FIXED, "cpu", ".py", TRITON_INTERPRET="1")
+    assert not any(bad.values()), bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("KAUDIT_TEST_DEVICE") != "cuda",
+                    reason="needs a CUDA device and nvcc (KAUDIT_TEST_DEVICE=cuda)")
+def test_fixed_cuda_sources_compile_and_cover_the_output():
+    """The fixed CUDA fixtures build with load_inline (the added header and checks compile) and
+    compute the whole output."""
+    fixed = run_fixed(CUDA_FIXED, "cuda", FIXED_SUFFIX)
+    assert all(fixed.values()), fixed

@@ -16,8 +16,9 @@ from typing import TextIO
 
 from kaudit.config import Config, code_matches
 from kaudit.discover import discover
-from kaudit.findings import Finding, Level
+from kaudit.findings import Finding
 from kaudit.fix.engine import Refusal, fix_text
+from kaudit.fix.report import fixed_by_default
 from kaudit.fix.suppress import add_suppressions
 from kaudit.source import MAX_FILE_BYTES, decode_source
 
@@ -78,16 +79,14 @@ def run_fix(paths: list[str], config: Config, select: list[str], *, diff: bool,
 
 
 def _wanted(config: Config, select: list[str], suppress: bool) -> Callable[[Finding], bool]:
-    """Which findings to act on. With `--select`, those of the codes named. Without, fixes are
-    applied to errors and warnings and to unused suppressions (KA004); other notes' fixes (KA308's
-    launch checks) change code that nothing calls wrong, so they run only when selected.
-    Suppressions are added for every finding of an enabled rule."""
+    """Which findings to act on: with `--select`, those of the codes named; without, the fixes
+    of errors, warnings and KA004, and suppressions for every finding of an enabled rule."""
     def wanted(finding: Finding) -> bool:
         if not config.is_enabled(finding.rule):
             return False
         if select:
             return any(code_matches(pattern, finding.rule) for pattern in select)
-        return suppress or finding.level.rank >= Level.WARNING.rank or finding.rule == "KA004"
+        return suppress or fixed_by_default(finding)
     return wanted
 
 
