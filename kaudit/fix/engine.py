@@ -99,11 +99,15 @@ def fixing_rule(finding: Finding) -> Rule | None:
 def make_fix(rule: Rule, editor: Editor, finding: Finding) -> Fix | None:
     """The rule's fix for a finding; a crash in a fix is a refusal, never the end of the run."""
     try:
-        return rule.fix(editor, finding)
+        fix = rule.fix(editor, finding)
     except NoFix:
         raise
     except Exception as exc:  # a fix bug must not stop the others
         raise NoFix(f"internal error in the fix: {exc.__class__.__name__}: {exc}") from exc
+    if fix is not None and any(edit.overlaps(other) for i, edit in enumerate(fix.edits)
+                               for other in fix.edits[i + 1:]):
+        raise NoFix("internal error in the fix: its edits overlap")
+    return fix
 
 
 def judge(model: SourceModel, findings: list[Finding], changed: str, config: Config,
