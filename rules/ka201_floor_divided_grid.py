@@ -183,7 +183,8 @@ def _fix_python(editor: Editor, launch: TritonLaunch, axis: int, described: str)
             node = node.args[0]
         assert isinstance(node, ast.BinOp)
         if isinstance(node.op, ast.RShift):
-            return model.code_of(node.left), str(1 << node.right.value)  # type: ignore[attr-defined]
+            shift = node.right.value  # type: ignore[attr-defined]
+            return model.code_of(node.left), str(1 << shift)
         return model.code_of(node.left), model.code_of(node.right)
 
     division = _pick(candidates, operands, described)
@@ -203,8 +204,9 @@ def _fix_python(editor: Editor, launch: TritonLaunch, axis: int, described: str)
 
 
 def _enclosing_function(model: SourceModel, node: ast.AST) -> ast.AST | None:
+    line = node.lineno  # type: ignore[attr-defined]
     functions = [f for f in model.nodes if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and f.lineno <= node.lineno <= (f.end_lineno or f.lineno)]  # type: ignore[attr-defined]
+                 and f.lineno <= line <= (f.end_lineno or f.lineno)]
     return max(functions, key=lambda f: f.lineno, default=None)
 
 

@@ -153,7 +153,8 @@ def test_a_crashing_fix_is_a_refusal(monkeypatch):
         raise KeyError("boom")
     monkeypatch.setattr(rule_by_code("KA201"), "fix", crash)
     result = fix_text("k.py", TRITON, Config(), only("KA201"))
-    assert result.text == TRITON and "internal error in the fix: KeyError" in result.refused[0].reason
+    assert result.text == TRITON
+    assert "internal error in the fix: KeyError" in result.refused[0].reason
 
 
 def test_ceiling_grid_over_an_unguarded_store_is_not_applied():
@@ -189,7 +190,8 @@ def test_precision_switches_are_removed(line, fixed):
 
 def test_a_raw_one_line_string_cannot_take_a_new_line():
     source = ('import torch\nfrom torch.utils.cpp_extension import load_inline\n'
-              'src = r"__global__ void k(float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 0; } '
+              'src = r"__global__ void k(float* y, int n) { int i = threadIdx.x; '
+              'if (i < n) y[i] = 0; } '
               'void run(torch::Tensor y) { k<<<1, 256>>>(y.data_ptr<float>(), y.numel()); }"\n'
               'ext = load_inline(name="k", cpp_sources="void run(torch::Tensor y);", '
               'cuda_sources=src, functions=["run"])\n\n\n'

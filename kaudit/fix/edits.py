@@ -22,7 +22,8 @@ class Edit:
     replacement: str = ""
 
     def overlaps(self, other: Edit) -> bool:
-        """Two edits touch the same text, or insert at the same place: applying both is ambiguous."""
+        """Two edits touch the same text, or insert at the same place: applying both is
+        ambiguous."""
         if self.start == self.end == other.start == other.end:
             return True
         return self.start < other.end and other.start < self.end or \

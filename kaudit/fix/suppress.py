@@ -51,8 +51,9 @@ def add_suppressions(path: str, text: str, config: Config, wanted: Callable[[Fin
         suppression = existing.get(line)
         if suppression is not None:
             merged = [*suppression.codes, *(c for c in codes if c not in suppression.codes)]
-            columns = (suppression.location.column, suppression.location.end_column)
-            edits.append(Edit(start + columns[0] - 1, start + columns[1] - 1,  # type: ignore[operator]
+            where = suppression.location
+            edits.append(Edit(start + where.column - 1,
+                              start + where.end_column - 1,  # type: ignore[operator]
                               f"kaudit: ignore[{', '.join(merged)}]"))
             result.suppressed.extend(on_line)
             continue
@@ -88,6 +89,6 @@ def _multiline_strings(model: SourceModel) -> list[tuple[int, int]]:
     for node in model.nodes:
         if isinstance(node, (ast.Constant, ast.JoinedStr)) and node.lineno != node.end_lineno \
                 and not (isinstance(node, ast.Constant) and not isinstance(node.value, str)):
-            spans.append((model.index.offset(node.lineno, node.col_offset),
-                          model.index.offset(node.end_lineno, node.end_col_offset)))  # type: ignore[arg-type]
+            end = model.index.offset(node.end_lineno, node.end_col_offset)  # type: ignore[arg-type]
+            spans.append((model.index.offset(node.lineno, node.col_offset), end))
     return spans

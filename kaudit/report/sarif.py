@@ -122,10 +122,11 @@ def _fixes(finding: Finding, root: Path) -> list[sarif.Fix] | None:
         inserted = sarif.ArtifactContent(text=edit["text"]) if edit["text"] else None
         changes.setdefault(edit["path"], []).append(
             sarif.Replacement(deleted_region=region, inserted_content=inserted))
+    artifact_changes = [sarif.ArtifactChange(artifact_location=_artifact(path, root),
+                                             replacements=replacements)
+                        for path, replacements in changes.items()]
     return [sarif.Fix(description=sarif.Message(text=finding.fix["description"]),
-                      artifact_changes=[sarif.ArtifactChange(artifact_location=_artifact(path, root),
-                                                             replacements=replacements)
-                                        for path, replacements in changes.items()])]
+                      artifact_changes=artifact_changes)]
 
 
 def _invocation(report: Report) -> sarif.Invocation:
