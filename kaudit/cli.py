@@ -287,6 +287,27 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. KA101.")
         sys.stdout.write(header + rule.docs().markdown + "\n")
 
 
+@app.command("fix")
+def fix_command(
+    paths: Annotated[list[Path], typer.Argument(help="Kernel files or folders.")],
+    select: Annotated[Optional[list[str]], typer.Option(help="Only these codes or prefixes (KA201, KA4). Without it: the fixes of errors and warnings, and unused suppressions.")] = None,  # noqa: UP007,E501
+    diff: Annotated[bool, typer.Option("--diff", help="Print a unified diff of the fixes; write nothing (exit 1 if there is one).")] = False,  # noqa: E501
+    add_suppressions: Annotated[bool, typer.Option("--add-suppressions", help="Instead of fixing, add `# kaudit: ignore[CODE]` on each finding's line.")] = False,  # noqa: E501
+) -> None:
+    """Apply the safe fixes (KA004, KA201, KA308, KA401), keeping formatting and comments."""
+    from kaudit.fix.command import run_fix  # libcst: only here
+
+    try:
+        config = load_config().with_options(select=_codes(select))
+        code = run_fix([str(p) for p in paths], config, _codes(select), diff=diff,
+                       suppress=add_suppressions, out=sys.stdout, err=sys.stderr)
+    except (ConfigError, ValueError) as exc:
+        _usage_error(f"configuration error: {exc}")
+    except FileNotFoundError as exc:
+        _usage_error(str(exc))
+    raise typer.Exit(code)
+
+
 baseline_app = typer.Typer(help="Accept the current findings, so that only new ones fail.",
                            no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")

@@ -71,9 +71,15 @@ def digest_file(path: str) -> str | None:
 def _unused_suppression(suppression: Suppression) -> Finding:
     rule = rule_by_code("KA004")
     assert rule is not None
+    if suppression.used:  # only some of its codes matched nothing
+        unused = ", ".join(suppression.unused_codes)
+        return rule().finding(suppression.location, f"{unused} in this suppression matches no "
+                              "finding; remove it from the list",
+                              unused_codes=list(suppression.unused_codes))
     named = ", ".join(suppression.codes) if suppression.codes else "any rule"
     return rule().finding(suppression.location,
-                            f"this suppression of {named} matches no finding; remove it")
+                            f"this suppression of {named} matches no finding; remove it",
+                            unused_codes=list(suppression.unused_codes))
 
 
 def scan_text(text: str | bytes, display: str, config: Config) -> FileResult:

@@ -62,6 +62,8 @@ class Finding:
     metrics: dict[str, Any] = field(default_factory=dict)
     #: against a baseline of accepted findings: "new" or "unchanged"; "" without a baseline
     baseline_state: str = ""
+    #: the edits that would make it go away (`kaudit.fix`: JSON and SARIF reports attach them)
+    fix: dict[str, Any] | None = None
 
     @property
     def path(self) -> str:
@@ -90,6 +92,8 @@ class Finding:
             data["metrics"] = self.metrics
         if self.baseline_state:
             data["baseline_state"] = self.baseline_state
+        if self.fix:
+            data["fix"] = self.fix
         return data
 
     @classmethod
@@ -106,6 +110,7 @@ class Finding:
             fingerprint=data.get("fingerprint", ""),
             metrics=data.get("metrics", {}),
             baseline_state=data.get("baseline_state", ""),
+            fix=data.get("fix"),
         )
 
     def with_path(self, path: str) -> Finding:

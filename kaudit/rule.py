@@ -3,7 +3,9 @@
 A rule is one module in `rules/` (installed as `kaudit.rules`) holding one `Rule` subclass. Its
 docstring is its documentation, in ruff's shape: a one-line summary, then `## What it does`,
 `## Why is this bad?` and `## Example` sections. `kaudit explain`, `kaudit rules` and SARIF help
-all render that single text. Its fixtures live in `fixtures/rules/<CODE>/`.
+all render that single text. Its fixtures live in `fixtures/rules/<CODE>/`. A rule that can fix
+its findings also defines `fix` (Fixit-style): the edits, computed from the finding and the parse,
+that `kaudit fix` applies and JSON/SARIF reports carry; its fixtures then include `bad_x.fixed.py`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import pkgutil
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from kaudit.findings import Finding, Level, Location, Precision
 from kaudit.source import SourceModel
+
+if TYPE_CHECKING:  # the fix machinery (libcst) loads only when something is fixed
+    from kaudit.fix.editor import Editor
+    from kaudit.fix.edits import Fix
 
 CODE_PATTERN = re.compile(r"^K[ADP]\d{3}$")
 NAME_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -68,6 +74,16 @@ class Rule:
     def check(self, model: SourceModel) -> Iterable[Finding]:
         """The rule's findings for one file. Rules the engine emits itself (KA004) keep this."""
         return ()
+
+    def fix(self, editor: Editor, finding: Finding) -> Fix | None:
+        """The edits that make one of this rule's findings go away, computed from the finding and
+        the parse (Fixit-style: a rule that can fix declares this). None, or `NoFix` with the
+        reason, when there is no safe fix. `kaudit fix` and the JSON/SARIF reports call it."""
+        return None
+
+    @classmethod
+    def fixable(cls) -> bool:
+        return cls.fix is not Rule.fix
 
     def report(self, model: SourceModel, where: ast.AST | Location, message: str,
                **metrics: object) -> Finding:

@@ -1,12 +1,13 @@
 """Inline suppressions: `# kaudit: ignore[KA101]` in Python, `// kaudit: ignore[KA2xx]` inside
 C++/CUDA sources, on the line a finding starts. A bare `kaudit: ignore` silences every rule on its
-line. Suppressions that silence nothing become KA004 notes."""
+line. Suppressions that silence nothing, and codes in a suppression's list that silence nothing,
+become KA004 notes."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kaudit.config import ConfigError, code_matches, normalise_pattern
 from kaudit.findings import Finding, Location
@@ -19,9 +20,18 @@ class Suppression:
     location: Location
     codes: tuple[str, ...]  # empty: every rule
     used: bool = False
+    #: the codes of `codes` that matched a finding
+    used_codes: set[str] = field(default_factory=set)
+    #: after `apply_suppressions`: enabled codes of `codes` that matched nothing (all of them, or
+    #: empty for a bare suppression, when the whole suppression is unused)
+    unused_codes: tuple[str, ...] = ()
 
     def covers(self, code: str) -> bool:
         return not self.codes or any(code_matches(pattern, code) for pattern in self.codes)
+
+    def mark_used(self, code: str) -> None:
+        self.used = True
+        self.used_codes.update(p for p in self.codes if code_matches(p, code))
 
 
 def parse_suppressions(path: str, lines: list[str]) -> list[Suppression]:
@@ -56,13 +66,15 @@ def apply_suppressions(
     for finding in findings:
         covering = [s for s in table.get((finding.path, finding.line), []) if s.covers(finding.rule)]
         for suppression in covering:
-            suppression.used = True
+            suppression.mark_used(finding.rule)
         if not covering:
             kept.append(finding)
     for suppressions in table.values():
         for suppression in suppressions:
-            relevant = not suppression.codes or any(
-                is_enabled(normalise_pattern(code).ljust(5, "0")) for code in suppression.codes)
-            if not suppression.used and relevant:
+            enabled = [code for code in suppression.codes
+                       if is_enabled(normalise_pattern(code).ljust(5, "0"))]
+            unused = [code for code in enabled if code not in suppression.used_codes]
+            if not suppression.used and (enabled or not suppression.codes) or unused:
+                suppression.unused_codes = tuple(unused)
                 kept.append(unused_finding(suppression))
     return kept

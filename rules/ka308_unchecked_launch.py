@@ -1,17 +1,33 @@
+from __future__ import annotations
+
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
+from kaudit.fix.edits import Fix, NoFix
 from kaudit.integrity import callers_of, calls_in, compact, launches_in
 from kaudit.rule import Rule
-from kaudit.source import SourceModel
+from kaudit.source import CudaUnit, SourceModel
+
+if TYPE_CHECKING:
+    from kaudit.fix.editor import Editor
 
 # calls that report a launch error on their own
 ERROR_QUERIES = frozenset({"cudaGetLastError", "cudaPeekAtLastError", "C10_CUDA_KERNEL_LAUNCH_CHECK",
                            "cuGetLastError", "hipGetLastError", "hipPeekAtLastError"})
 
 _CUDA_CALL = re.compile(r"\b(cuda|cu|hip)[A-Z]\w*\(")
+LAUNCH_CHECK = "C10_CUDA_KERNEL_LAUNCH_CHECK();"
+CHECK_HEADER = "c10/cuda/CUDAException.h"
+# headers that bring C10_CUDA_KERNEL_LAUNCH_CHECK with them (as of torch 2.x)
+_HEADERS_WITH_CHECK = frozenset({
+    CHECK_HEADER, "c10/cuda/CUDAFunctions.h", "c10/cuda/CUDAStream.h", "c10/cuda/CUDAGuard.h",
+    "c10/cuda/CUDACachingAllocator.h", "ATen/cuda/CUDAContext.h", "ATen/cuda/CUDAContextLight.h",
+    "ATen/cuda/Exceptions.h", "ATen/cuda/CUDAEvent.h",
+})
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]([^>\"]+)[>\"][^\n]*", re.M)
 
 
 class UncheckedLaunch(Rule):
@@ -53,6 +69,13 @@ class UncheckedLaunch(Rule):
         def forward(self, x):
             return ext.relu(x)
     ```
+
+    ## Fix
+    `kaudit fix --select KA308` adds `C10_CUDA_KERNEL_LAUNCH_CHECK();` on the line after the last
+    unchecked launch, at its indentation, and `#include <c10/cuda/CUDAException.h>` when no
+    included header defines it; a source that already checks launches another way
+    (`CUDA_CHECK(cudaGetLastError());`) gets that check instead. Being a note, it is fixed only
+    when selected by name.
     """
 
     code = "KA308"
@@ -85,6 +108,34 @@ class UncheckedLaunch(Rule):
                 "afterwards (`cudaGetLastError()`, `C10_CUDA_KERNEL_LAUNCH_CHECK()`): a failed "
                 "launch would go unnoticed and leave the output unwritten")
 
+    def fix(self, editor: Editor, finding: Finding) -> Fix | None:
+        index = CppIndex.of(editor.model)
+        launch = next((launch for launch in index.launches
+                       if launch.unit.location(launch.node) == finding.location), None)
+        if launch is None:
+            raise NoFix("the launch is no longer where it was reported")
+        statement = launch.node.parent
+        while statement is not None and statement.type != "expression_statement":
+            statement = statement.parent
+        if statement is None or statement.parent is None \
+                or statement.parent.type != "compound_statement":
+            raise NoFix("the launch is not a statement of its own in a `{ }` block")
+        unit, text = launch.unit, launch.unit.text
+        check, needs_header = _check_for(index, unit)
+        start, end = editor.cpp_span(unit, statement)
+        line_start = text.rfind("\n", 0, start) + 1
+        indent = re.match(r"[ \t]*", text[line_start:]).group()  # type: ignore[union-attr]
+        line_end = text.find("\n", end)
+        line_end = line_end - 1 if line_end > end and text[line_end - 1] == "\r" else line_end
+        rest = text[end:line_end].strip() if line_end >= 0 else "?"
+        if not rest or rest.startswith("//"):
+            edits = [editor.cpp_edit(unit, line_end, line_end, f"\n{indent}{check}")]
+        else:  # more code follows on the line: right after the launch
+            edits = [editor.cpp_edit(unit, end, end, f" {check}")]
+        if needs_header:
+            edits.append(_include_edit(editor, unit))
+        return Fix(f"check the launch of `{launch.kernel}` with `{check}`", tuple(edits))
+
     @staticmethod
     def _callers_check(index: CppIndex, function: CppFunction) -> bool:
         callers = callers_of(index, function)
@@ -108,3 +159,28 @@ def _is_check(call: CppCall) -> bool:
         arguments = "".join(compact(call.unit.text_of(a)) for a in call.args)
         return bool(_CUDA_CALL.search(arguments))
     return False
+
+
+def _check_for(index: CppIndex, unit: CudaUnit) -> tuple[str, bool]:
+    """The check to add in `unit`, and whether its header must be included: the unit's own way
+    of checking `cudaGetLastError()` if it has one, else C10_CUDA_KERNEL_LAUNCH_CHECK."""
+    included = {match.group(1) for match in _INCLUDE.finditer(unit.text)}
+    if "C10_CUDA_KERNEL_LAUNCH_CHECK" in unit.text or included & _HEADERS_WITH_CHECK:
+        return LAUNCH_CHECK, False
+    for call in index.calls:
+        if call.unit is unit and _is_check(call) and len(call.args) == 1 and compact(
+                unit.text_of(call.args[0])) in ("cudaGetLastError()", "cudaPeekAtLastError()"):
+            return compact(unit.text_of(call.node)) + ";", False
+    return LAUNCH_CHECK, True
+
+
+def _include_edit(editor: Editor, unit: CudaUnit):
+    """`#include <c10/cuda/CUDAException.h>` after the unit's last include, or at its top."""
+    include = f"#include <{CHECK_HEADER}>"
+    last = None
+    for last in _INCLUDE.finditer(unit.text):
+        pass
+    if last is not None:
+        return editor.cpp_edit(unit, last.end(), last.end(), "\n" + include)
+    first = len(unit.text) - len(unit.text.lstrip())
+    return editor.cpp_edit(unit, first, first, include + "\n")

@@ -1,14 +1,21 @@
+from __future__ import annotations
+
 import ast
 import re
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import tree_sitter
 
 from kaudit.cpp import CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
+from kaudit.fix.edits import Edit, Fix, NoFix
 from kaudit.forward import ForwardAnalysis, methods_of, walk_code
 from kaudit.rule import Rule
 from kaudit.source import CudaUnit, SourceModel
+
+if TYPE_CHECKING:
+    from kaudit.fix.editor import Editor
 
 # Qualified names of dtypes below fp32 (as `Bindings.resolve` spells them).
 _TORCH_LOW = frozenset({
@@ -79,6 +86,12 @@ class PrecisionDowngrade(Rule):
             out = ext.matmul_cuda(a.half(), b.half())
             return out.float()
     ```
+
+    ## Fix
+    `kaudit fix` removes the global switches (`allow_tf32 = True`, `fp32_precision = "tf32"`,
+    `set_float32_matmul_precision("high"/"medium")`; `pass` where the switch was a block's only
+    statement) and makes `tl.dot` compute in fp32 (`allow_tf32=False`, `input_precision="ieee"`).
+    Casts, autocast regions and half-precision CUDA are rewrites of the algorithm: no fix.
     """
 
     code = "KA401"
@@ -95,6 +108,32 @@ class PrecisionDowngrade(Rule):
         yield from self._triton_kernels(model)
         if model.cuda_units:
             yield from self._cuda(model)
+
+    def fix(self, editor: Editor, finding: Finding) -> Fix | None:
+        kind = finding.metrics.get("kind")
+        if kind == "tf32":  # a global switch: remove its statement
+            node = editor.node_at(finding.location, (ast.Assign, ast.Call))
+            statement = node if isinstance(node, ast.Assign) else next(
+                (s for s in editor.model.nodes if isinstance(s, ast.Expr) and s.value is node), None)
+            if statement is None:
+                raise NoFix("the switch is part of a larger expression")
+            if isinstance(statement, ast.Assign) and len(statement.targets) != 1:
+                raise NoFix("the statement assigns other names too")
+            return Fix(f"remove `{_short(editor.model, statement)}`",
+                       (editor.remove_statement(statement),))
+        call = editor.node_at(finding.location, ast.Call) if kind == "triton" else None
+        if not isinstance(call, ast.Call) or _tf32_dot(editor.model, call) is None:
+            return None
+        edits = []
+        for keyword in call.keywords:
+            start, end = editor.span(keyword.value)
+            if keyword.arg == "allow_tf32" and _is_true(keyword.value):
+                edits.append(Edit(start, end, "False"))
+            elif keyword.arg == "input_precision" and isinstance(keyword.value, ast.Constant) \
+                    and keyword.value.value in _TF32_PRECISIONS:
+                written = editor.text[start:end]
+                edits.append(Edit(start, end, written.replace(keyword.value.value, "ieee")))
+        return Fix("compute `tl.dot` in fp32", tuple(edits))
 
     # --- Python ---------------------------------------------------------------------------
 

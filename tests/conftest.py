@@ -16,6 +16,8 @@ FIXTURES = ROOT / "fixtures"
 RULE_FIXTURES = FIXTURES / "rules"
 PROBLEM_FIXTURES = FIXTURES / "problems"
 DYNAMIC_FIXTURES = FIXTURES / "dynamic"
+#: `bad_x.fixed.py` holds what `kaudit fix` makes of `bad_x.py`
+FIXED_SUFFIX = ".fixed.py"
 SARIF_SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 
 _EXPECT = re.compile(rb"(?:#|//)\s*expect:\s*(K[ADP]\d{3}(?:\s*,\s*K[ADP]\d{3})*)")
@@ -32,7 +34,9 @@ def expected_findings(path: Path) -> set[tuple[str, int]]:
 
 
 def rule_fixtures() -> list[Path]:
-    return sorted(p for p in RULE_FIXTURES.glob("*/*") if p.is_file() and p.suffix == ".py")
+    """`bad_*`/`good_*` fixtures; not `bad_x.fixed.py`, the fixed form of `bad_x.py`."""
+    return sorted(p for p in RULE_FIXTURES.glob("*/*")
+                  if p.is_file() and p.suffix == ".py" and not p.name.endswith(FIXED_SUFFIX))
 
 
 def problem_fixtures() -> list[Path]:

@@ -14,6 +14,7 @@ from jschema_to_python.to_json import to_json
 from kaudit import __version__
 from kaudit.api import Report
 from kaudit.findings import Finding
+from kaudit.fix.report import attach_fixes
 from kaudit.rule import Rule
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -34,6 +35,7 @@ def render(report: Report, rules: list[type[Rule]], category: str = "kaudit/stat
            root: Path | None = None) -> str:
     root = root or source_root()
     index = {rule.code: i for i, rule in enumerate(rules)}
+    attach_fixes(report)
     run = sarif.Run(
         tool=sarif.Tool(driver=sarif.ToolComponent(
             name="kaudit", version=__version__, semantic_version=__version__,
@@ -105,7 +107,26 @@ def _result(finding: Finding, index: dict[str, int], root: Path) -> sarif.Result
         baseline_state=finding.baseline_state or None,
         # the numbers behind the message (coverage, errors, picture path), as in JSON
         properties={"metrics": finding.metrics} if finding.metrics else None,
+        fixes=_fixes(finding, root),
     )
+
+
+def _fixes(finding: Finding, root: Path) -> list[sarif.Fix] | None:
+    """The finding's fix as SARIF: replacements (a deleted region and the text put there)."""
+    if not finding.fix:
+        return None
+    changes: dict[str, list[sarif.Replacement]] = {}
+    for edit in finding.fix["edits"]:
+        region = sarif.Region(start_line=edit["line"], start_column=edit["column"],
+                              end_line=edit["end_line"], end_column=edit["end_column"])
+        inserted = sarif.ArtifactContent(text=edit["text"]) if edit["text"] else None
+        changes.setdefault(edit["path"], []).append(
+            sarif.Replacement(deleted_region=region, inserted_content=inserted))
+    artifact_changes = [sarif.ArtifactChange(artifact_location=_artifact(path, root),
+                                             replacements=replacements)
+                        for path, replacements in changes.items()]
+    return [sarif.Fix(description=sarif.Message(text=finding.fix["description"]),
+                      artifact_changes=artifact_changes)]
 
 
 def _invocation(report: Report) -> sarif.Invocation:
