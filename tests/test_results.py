@@ -34,7 +34,8 @@ def verdict_of(report, suffix):
     ("dict_of_lists/level_1_problem_19_sample_0_kernel.py", "kernelbench-run",
      ("dict_of_lists", 1, 19, 0), (True, 1.5), "trusted", []),
     ("dict_of_lists/level_1_problem_19_sample_1_kernel.py", "kernelbench-run",
-     ("dict_of_lists", 1, 19, 1), (False, None), "trusted", []),
+     ("dict_of_lists", 1, 19, 1), (False, None), "claimed-incorrect",
+     ["the run marks it incorrect"]),
     ("dict_of_lists/level_1_problem_1_sample_0_kernel.py", "kernelbench-run",
      ("dict_of_lists", 1, 1, 0), (True, 2.66 / 1.9), "rejected", ["KA101", "KA102"]),
     ("dict_of_lists/level_1_problem_23_sample_0_kernel.py", "kernelbench-run",
@@ -87,7 +88,8 @@ def test_summary_per_run_and_level(report):
     assert row["median_surviving_speedup"] == pytest.approx(1.5)
     assert row["fast_1"] == pytest.approx(0.25)
     total = report.summary["total"]
-    assert (total["kernels"], total["rejected"], total["suspicious"], total["trusted"]) == (13, 5, 3, 5)
+    assert (total["kernels"], total["rejected"], total["suspicious"], total["trusted"],
+            total["claimed_incorrect"], total["unverified"]) == (13, 5, 3, 4, 1, 0)
     assert {row["key"] for row in report.summary["levels"]} == {1, None}
 
 
