@@ -18,11 +18,14 @@ from tests.test_sarif import validate
 
 RESULTS = FIXTURES / "results"
 TIMINGS = RESULTS / "kernelbench" / "results" / "timing" / "H200" / "baseline_time_torch.json"
+#: one tree per layout (symlinked/, runs sharing files, has its own tests: test_result_trees.py)
+LAYOUTS = [f"fixtures/results/{name}" for name in ("generated", "jsonl", "kernelbench", "paired")]
 
 
 @pytest.fixture(scope="module")
 def report():
-    return scan_paths([str(RESULTS)], Config(baseline_timings=str(TIMINGS)))
+    return scan_paths([str(ROOT / layout) for layout in LAYOUTS],
+                      Config(baseline_timings=str(TIMINGS)))
 
 
 def verdict_of(report, suffix):
@@ -106,7 +109,7 @@ def kaudit_cli(*args, cwd=ROOT):
 
 def test_every_format_at_once(tmp_path):
     out = tmp_path / "reports"
-    proc = kaudit_cli("scan", "fixtures/results", "--no-cache", "--output-dir", str(out),
+    proc = kaudit_cli("scan", *LAYOUTS, "--no-cache", "--output-dir", str(out),
                       "--baseline-timings", str(TIMINGS))
     assert proc.returncode == 1, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
