@@ -8,7 +8,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
+import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +20,9 @@ from kaudit import __version__
 from kaudit.baseline import load_baseline, mark_findings
 from kaudit.cache import ResultCache
 from kaudit.config import Config, ConfigError
-from kaudit.discover import WorkItem, discover
+from kaudit.discover import WorkItem, by_file, discover
 from kaudit.engine import FileResult, scan_file, scan_text
-from kaudit.findings import Finding, ScanError
+from kaudit.findings import Finding, Level, ScanError
 from kaudit.results import BaselineTimings, ResultTrees, Submission
 from kaudit.verdicts import Verdict, judge, summarize
 
@@ -38,6 +41,18 @@ class Report:
     #: one per scanned kernel: what its benchmark run claimed and whether to trust it
     verdicts: list[Verdict] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    #: findings left out of this view by level (`at_least`), per level
+    hidden: dict[str, int] = field(default_factory=dict)
+    #: what did not stop the scan but should be said once on stderr (an unusable cache)
+    warnings: list[str] = field(default_factory=list)
+
+    def at_least(self, level: Level) -> Report:
+        """This report showing only findings at or above `level`; the rest counted in `hidden`.
+        Verdicts, summaries and exit codes still count every finding."""
+        shown = [f for f in self.findings if f.level.rank >= level.rank]
+        hidden = Counter(self.hidden)
+        hidden.update(f.level.value for f in self.findings if f.level.rank < level.rank)
+        return dataclasses.replace(self, findings=shown, hidden=dict(hidden))
 
     def add(self, result: FileResult) -> None:
         if result.skipped:
@@ -56,7 +71,7 @@ class Report:
             "errors": [e.to_dict() for e in self.errors],
             "verdicts": [v.to_dict() for v in self.verdicts],
             "summary": self.summary,
-        }
+        } | ({"findings_hidden": self.hidden} if self.hidden else {})
 
 
 def scan_source(text: str | bytes, path: str = "kernel.py", config: Config | None = None
@@ -74,24 +89,33 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
     file, for progress display.
     """
     config = config or Config()
-    items, errors = discover(list(paths))
+    found = discover(list(paths))
     trees = ResultTrees()
-    items = trees.annotate(items)
-    report = Report(errors=errors + trees.errors)
+    items = trees.annotate(found.items, found.claims)
+    report = Report(errors=found.errors + trees.errors)
     try:
         timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
         known = load_baseline(config.baseline) if config.baseline else None
     except (OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
-    for done, (item, result) in enumerate(_results(items, config), start=1):
+    # a file reached through several paths (runs sharing kernels by symlinks) is scanned once;
+    # its findings are named by the scanned path and count for every path reaching it
+    files = by_file(items)
+    verdicts: dict[int, Verdict] = {}
+    order = {id(item): position for position, item in enumerate(items)}
+    scanned = _results([scanned for scanned, _ in files], config, report.warnings)
+    for done, ((_, reached), (item, result)) in enumerate(zip(files, scanned), start=1):
         if known is not None:
             result.findings = mark_findings(result.findings, known)
         report.add(result)
         if not result.skipped:
-            report.verdicts.append(judge(item.display, item.submission or Submission("plain"),
-                                         result.findings, timings, config.suspicious_speedup))
+            for path in reached:
+                verdicts[order[id(path)]] = judge(
+                    path.display, path.submission or Submission("plain"), result.findings,
+                    timings, config.suspicious_speedup, file=item.display)
         if on_file is not None:
-            on_file(done, len(items))
+            on_file(done, len(files))
+    report.verdicts = [verdicts[position] for position in sorted(verdicts)]
     report.summary = summarize(report.verdicts)
     return report
 
@@ -104,25 +128,60 @@ def _scan_item(job: tuple[WorkItem, Config]) -> FileResult:
     return scan_file(item.file, item.display, item.explicit, config)
 
 
-def _results(items: list[WorkItem], config: Config) -> Iterator[tuple[WorkItem, FileResult]]:
+def _results(items: list[WorkItem], config: Config, warnings: list[str]
+             ) -> Iterator[tuple[WorkItem, FileResult]]:
     """Results in the order of `items`: cached ones first looked up, the rest scanned (in worker
-    processes when there are enough of them)."""
-    cache = ResultCache(config.cache_dir, config) if config.cache_dir else None
+    processes when there are enough of them). A cache that cannot be used is a warning: the
+    scan goes on without it."""
+    cache = _open_cache(config, warnings)
+    keys = [cache.key(item) if cache else None for item in items]
     try:
-        keys = [cache.key(item) if cache else None for item in items]
         cached = [cache.get(key) if cache and key else None for key in keys]
-        missing = [i for i, hit in enumerate(cached) if hit is None]
-        scanned = _scan(items, missing, config)
+    except sqlite3.Error as exc:
+        cache = _drop_cache(cache, exc, warnings)
+        cached = [None] * len(items)
+    missing = [i for i, hit in enumerate(cached) if hit is None]
+    scanned = _scan(items, missing, config)
+    try:
         for i, item in enumerate(items):
             result = cached[i]
             if result is None:
                 result = next(scanned)
                 if cache and keys[i]:
-                    cache.put(keys[i], result)
+                    try:
+                        cache.put(keys[i], result)
+                    except sqlite3.Error as exc:
+                        cache = _drop_cache(cache, exc, warnings)
             yield item, result
     finally:
         if cache:
-            cache.close()
+            try:
+                cache.close()
+            except sqlite3.Error as exc:
+                _drop_cache(None, exc, warnings)
+
+
+def _open_cache(config: Config, warnings: list[str]) -> ResultCache | None:
+    if not config.cache_dir:
+        return None
+    try:
+        return ResultCache(config.cache_dir, config)
+    except (OSError, sqlite3.Error) as exc:
+        warnings.append(f"result cache {config.cache_dir} not usable ({_reason(exc)}); "
+                        "scanning without it")
+        return None
+
+
+def _drop_cache(cache: ResultCache | None, exc: Exception, warnings: list[str]) -> None:
+    warnings.append(f"result cache failed ({_reason(exc)}); going on without it")
+    if cache is not None:
+        cache.abandon()
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    return f"{exc.__class__.__name__}: {exc.strerror or exc}" if isinstance(exc, OSError) \
+        else f"{exc.__class__.__name__}: {exc}"
 
 
 def _scan(items: list[WorkItem], indices: list[int], config: Config) -> Iterator[FileResult]:

@@ -78,3 +78,11 @@ class ResultCache:
     def close(self) -> None:
         self.db.commit()
         self.db.close()
+
+    def abandon(self) -> None:
+        """Close after a database error, keeping nothing more (the results already written
+        stay valid: each is keyed by content)."""
+        try:
+            self.db.close()
+        except sqlite3.Error:
+            pass

@@ -10,25 +10,26 @@ from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from kaudit import __version__
 from kaudit.api import Report, scan_paths
 from kaudit.baseline import write_baseline
 from kaudit.config import Config, ConfigError, load_config
 from kaudit.discover import display_path
+from kaudit.findings import Level
 from kaudit.gate import EXIT_ERROR, FAIL_ON_CHOICES, exit_code
 from kaudit.progress import DelayedProgress
 from kaudit.report import json_report, text
+from kaudit.report.console import make_console
 from kaudit.rule import all_rules, rule_by_code
 from kaudit.source import SourceModel, read_source
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
     help="Audit GPU kernels (KernelBench-style ModelNew modules) for fallbacks and integrity tricks.")
-stderr = Console(stderr=True)
+stderr = make_console(stderr=True)
 
 
 class OutputFormat(str, enum.Enum):
@@ -46,6 +47,17 @@ class FailOn(str, enum.Enum):
 
 
 assert tuple(f.value for f in FailOn) == FAIL_ON_CHOICES
+
+
+class MinLevel(str, enum.Enum):
+    note = "note"
+    warning = "warning"
+    error = "error"
+
+
+#: what each format shows without --min-level: people read text and Markdown, tools the rest
+DEFAULT_MIN_LEVEL = {"text": Level.WARNING, "markdown": Level.WARNING, "json": Level.NOTE,
+                     "sarif": Level.NOTE}
 
 
 def _version(value: bool) -> None:
@@ -79,6 +91,7 @@ def scan(
     select: Annotated[Optional[list[str]], typer.Option(help="Only these codes or prefixes (KA1, KA101), comma-separated.")] = None,  # noqa: UP007,E501
     ignore: Annotated[Optional[list[str]], typer.Option(help="Skip these codes or prefixes.")] = None,  # noqa: UP007
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
+    min_level: Annotated[Optional[MinLevel], typer.Option(help="Show findings at or above this level (default: warning for text and markdown, note for json and sarif); the summary counts the rest. --fail-on still counts every finding.")] = None,  # noqa: UP007,E501
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes; with --dynamic also the kernels audited at once (default 1; spread over the visible GPUs).")] = None,  # noqa: UP007,E501
     baseline: Annotated[Optional[Path], typer.Option(help="Accepted findings (`kaudit baseline write`); only new ones fail.")] = None,  # noqa: UP007,E501
     baseline_timings: Annotated[Optional[Path], typer.Option(help="baseline_time_torch.json, to turn claimed runtimes into speedups.")] = None,  # noqa: UP007,E501
@@ -93,19 +106,29 @@ def scan(
     atol: Annotated[Optional[float], typer.Option(help="--dynamic: custom absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
     rtol: Annotated[Optional[float], typer.Option(help="--dynamic: custom relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
+    memory_limit: Annotated[Optional[str], typer.Option(help="--dynamic: address-space cap of each child on CPU runs, e.g. 24G, or none (default: the physical memory).")] = None,  # noqa: UP007,E501
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
+    if output_dir is not None:
+        _make_folder(output_dir, "--output-dir")
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir)
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
-                     timeout, scales=scales, jobs=jobs, artifacts=artifacts)
+                     timeout, scales=scales, jobs=jobs, artifacts=artifacts,
+                     memory_limit=memory_limit)
+    shown_from = Level(min_level.value) if min_level else None
     if output_dir is not None:
-        _write_all(report, config, output_dir)
+        _write_all(report, config, output_dir, shown_from)
     if output_dir is None or output is not None or output_format is not OutputFormat.text:
-        _write(report, output_format, output, config)
+        _write(report, output_format, output, config, shown_from)
+    if output is not None or output_dir is not None or output_format is not OutputFormat.text:
+        for error in report.errors:  # the text on stdout has them; a log should have them too
+            kind = "internal error" if error.internal else "error"
+            stderr.print(f"kaudit: {kind}: {error.path}: {error.message}", markup=False,
+                         soft_wrap=True)
     threshold = fail_on.value if fail_on else ("never" if output_format is OutputFormat.sarif else "error")
     raise typer.Exit(exit_code(report, threshold))
 
@@ -127,14 +150,27 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
         _usage_error(str(exc))
     finally:
         progress.stop()
+    for warning in report.warnings:
+        stderr.print(f"kaudit: warning: {warning}", markup=False, soft_wrap=True)
     return report, config
+
+
+def _make_folder(folder: Path, option: str) -> None:
+    """A folder to write into, made now, before the scan: a bad one is a usage error."""
+    if folder.exists() and not folder.is_dir():
+        _usage_error(f"{option}: not a folder: {folder}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _usage_error(f"{option}: cannot create {folder}: {exc.strerror or exc}")
 
 
 def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                  problem: Path | None, problems_root: Path | None, tolerance: str | None,
                  atol: float | None, rtol: float | None, timeout: float, *, scales: str,
-                 jobs: int | None, artifacts: Path | None) -> None:
+                 jobs: int | None, artifacts: Path | None, memory_limit: str | None) -> None:
     from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
+    from kaudit.dynamic.limits import parse_memory_limit
     from kaudit.dynamic.problems_cli import parse_scales
 
     if problem is not None and not problem.is_file():
@@ -146,6 +182,7 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
     try:
         chosen = tolerances.resolve(tolerance, atol, rtol)
         scale_factors = parse_scales(scales)
+        memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
     except ValueError as exc:
         _usage_error(str(exc))
     try:
@@ -155,11 +192,16 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
     options = DynamicOptions(chosen, device, str(problem) if problem else None,
                              str(problems_root) if problems_root else None, timeout,
                              scales=scale_factors, jobs=jobs or 1,
-                             artifacts_dir=str(artifacts) if artifacts else None)
+                             artifacts_dir=str(artifacts) if artifacts else None,
+                             memory_limit=memory)
+    progress = DelayedProgress("running kernels")
     try:
-        run_dynamic([str(p) for p in paths], report, options, config)
+        run_dynamic([str(p) for p in paths], report, options, config,
+                    on_kernel=progress.finished)
     except ValueError as exc:
         _usage_error(str(exc))
+    finally:
+        progress.stop()
 
 
 def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
@@ -174,9 +216,14 @@ def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
     return json.dumps(log, indent=2) + "\n"
 
 
+def _shown(report: Report, output_format: OutputFormat, shown_from: Level | None) -> Report:
+    return report.at_least(shown_from or DEFAULT_MIN_LEVEL[output_format.value])
+
+
 def _render(report: Report, output_format: OutputFormat, config: Config,
-            folder: Path | None = None) -> str:
+            folder: Path | None = None, shown_from: Level | None = None) -> str:
     """`folder`: where the output goes (Markdown links to pictures are relative to it)."""
+    report = _shown(report, output_format, shown_from)
     if output_format is OutputFormat.json:
         return json_report.render(report)
     if output_format is OutputFormat.sarif:
@@ -190,41 +237,52 @@ def _render(report: Report, output_format: OutputFormat, config: Config,
 
         return markdown.render(report, str(folder) if folder is not None else None)
     buffer = io.StringIO()
-    text.render(report, Console(file=buffer, no_color=True, highlight=False, width=140))
+    text.render(report, make_console(file=buffer, no_color=True, width=140))
     return buffer.getvalue()
 
 
-def _write(report: Report, output_format: OutputFormat, output: Path | None, config: Config) -> None:
+def _write(report: Report, output_format: OutputFormat, output: Path | None, config: Config,
+           shown_from: Level | None) -> None:
     if output_format is OutputFormat.text and output is None:
-        console = Console(highlight=False)
+        console = make_console()
         if not console.is_terminal:
-            console = Console(highlight=False, width=140)  # tables need room in logs and pipes
-        text.render(report, console)
+            console = make_console(width=140)  # tables need room in logs and pipes
+        text.render(_shown(report, output_format, shown_from), console)
         return
-    content = _render(report, output_format, config, output.parent if output else None)
+    content = _render(report, output_format, config, output.parent if output else None,
+                      shown_from)
     if output is None:
         sys.stdout.write(content)
     else:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(content, encoding="utf-8")
-        stderr.print(text.summary(report), highlight=False)
+        _write_file(output, content)
+        stderr.print(text.summary(_shown(report, output_format, shown_from)), markup=False,
+                     soft_wrap=True)
 
 
-def _write_all(report: Report, config: Config, folder: Path) -> None:
+def _write_file(path: Path, content: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+    except OSError as exc:
+        _usage_error(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def _write_all(report: Report, config: Config, folder: Path, shown_from: Level | None) -> None:
     """Every format at once; SARIF per category, so GitHub accepts each upload."""
-    folder.mkdir(parents=True, exist_ok=True)
     names = {OutputFormat.text: "kaudit.txt", OutputFormat.json: "kaudit.json",
              OutputFormat.sarif: "kaudit-static.sarif", OutputFormat.markdown: "kaudit.md"}
     for output_format, name in names.items():
-        (folder / name).write_text(_render(report, output_format, config, folder),
-                                   encoding="utf-8")
-    if "dynamic" in report.summary:  # one SARIF file per category
-        log = json.loads((folder / names[OutputFormat.sarif]).read_text(encoding="utf-8"))
-        for name, runs in (("kaudit-static.sarif", log["runs"][:1]),
-                           ("kaudit-dynamic.sarif", log["runs"][1:])):
-            (folder / name).write_text(json.dumps({**log, "runs": runs}, indent=2) + "\n",
-                                       encoding="utf-8")
-    stderr.print(f"{text.summary(report)}; reports in {folder}/", highlight=False)
+        content = _render(report, output_format, config, folder, shown_from)
+        if output_format is OutputFormat.sarif and "dynamic" in report.summary:
+            log = json.loads(content)  # one SARIF file per category
+            for sarif_name, runs in (("kaudit-static.sarif", log["runs"][:1]),
+                                     ("kaudit-dynamic.sarif", log["runs"][1:])):
+                _write_file(folder / sarif_name, json.dumps({**log, "runs": runs}, indent=2)
+                            + "\n")
+        else:
+            _write_file(folder / name, content)
+    stderr.print(f"{text.summary(_shown(report, OutputFormat.text, shown_from))}; reports in "
+                 f"{folder}/", markup=False, soft_wrap=True)
 
 
 class GraphFormat(str, enum.Enum):
@@ -262,12 +320,30 @@ def list_rules(
     if output_format is OutputFormat.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    if output_format is OutputFormat.sarif:
+    if output_format not in (OutputFormat.text, OutputFormat.json):
         _usage_error("`kaudit rules --format` is text or json")
-    table = Table("code", "name", "level", "precision", "summary")
+    console = make_console()
+    console.print(_rules_table(rows, console.width))
+
+
+#: the summary column's narrowest useful width; level and precision give way to it
+_SUMMARY_WIDTH = 32
+
+
+def _rules_table(rows: list[dict], width: int) -> Table:
+    """The rules as a table that fits `width` columns: names never cut, summaries wrapped;
+    precision, then level, are left out when there is no room for them."""
+    name_width = max(len(row["name"]) for row in rows)
+    wanted = ["code", "name", "level", "precision"]
+    fixed = {"code": 5, "name": name_width, "level": 7, "precision": 9}
+    while len(wanted) > 2 and \
+            sum(fixed[c] for c in wanted) + 3 * (len(wanted) + 1) + _SUMMARY_WIDTH > width:
+        wanted.pop()
+    table = Table(*(Column(c, no_wrap=True, min_width=fixed[c]) for c in wanted),
+                  Column("summary", overflow="fold", ratio=1))
     for row in rows:
-        table.add_row(row["code"], row["name"], row["level"], row["precision"], row["summary"])
-    Console().print(table)
+        table.add_row(*(escape(row[c]) for c in wanted), escape(row["summary"]))
+    return table
 
 
 @app.command()
@@ -278,7 +354,7 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. KA101.")
         _usage_error(f"unknown rule code {code!r}; `kaudit rules` lists them")
     header = f"# {rule.code} {rule.name}\n\nlevel: {rule.level.value} · precision: " \
              f"{rule.precision.value} · family: {rule.family()}\n\n"
-    console = Console()
+    console = make_console()
     if console.is_terminal:
         from rich.markdown import Markdown
 
@@ -323,7 +399,7 @@ def baseline_write(
     """Scan and write the findings as a baseline for `kaudit scan --baseline`."""
     report, _config = _run_scan(paths, select, ignore, None, None, None, None, None)
     count = write_baseline(report.findings, str(output))
-    stderr.print(f"kaudit: {count} findings written to {output}", highlight=False)
+    stderr.print(f"kaudit: {count} findings written to {output}", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -336,6 +412,7 @@ def problems(
     seeds: Annotated[int, typer.Option(min=1, help="Input seeds per problem.")] = 3,
     scales: Annotated[str, typer.Option(help="Input scale factors for the conditioning probe.")] = "1e-3,1,1e3",  # noqa: E501
     timeout: Annotated[float, typer.Option(help="Seconds per problem before its process is killed.")] = 300.0,  # noqa: E501
+    memory_limit: Annotated[Optional[str], typer.Option(help="Address-space cap of each problem's process on CPU runs, e.g. 24G, or none (default: the physical memory).")] = None,  # noqa: UP007,E501
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Problems run at once (on one GPU they share its memory).")] = 1,  # noqa: E501
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
@@ -351,6 +428,7 @@ def problems(
     try:
         code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,
                            seeds=seeds, scales=scales, timeout=timeout, jobs=jobs,
+                           memory_limit=memory_limit,
                            output_format=output_format.value, output=output,
                            fail_on=fail_on.value if fail_on else None)
     except ProblemsUsageError as exc:

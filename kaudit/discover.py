@@ -1,11 +1,17 @@
-"""Paths -> the files to scan. Folders are walked recursively (hidden folders and `__pycache__`
-skipped), symlinks are followed once, loops are reported instead of followed, and a file reached
-twice is scanned once."""
+"""Paths -> the files to scan. Folders are walked recursively in natural order (problem 2 before
+problem 10; hidden folders and `__pycache__` skipped) and symlinks are followed; a symlink back to
+a folder being walked is a loop, reported instead of followed.
+
+Every path that reaches a file is kept, because benchmark runs share kernels through symlinks
+(a re-timed run linking to another run's `generated_kernels/`) and each run must count its own
+kernels. Items reaching the same file share an `identity`, so the file is scanned once; the same
+path reached twice (overlapping arguments such as `run run/generated_kernels`) is one item."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kaudit.findings import ScanError
@@ -16,6 +22,8 @@ if TYPE_CHECKING:
 _SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages"}
 #: kernel modules, and JSONL result files holding kernels as strings
 KERNEL_FILE_SUFFIXES = (".py", ".jsonl")
+#: files and folders that hold what a benchmark run claimed (read by kaudit.results)
+CLAIM_NAMES = ("eval_results.json", "per_problem")
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,21 @@ class WorkItem:
     explicit: bool  # named on the command line (scanned even without `ModelNew`)
     text: str | None = None  # the kernel itself, when it lives inside another file (JSONL)
     submission: Submission | None = None  # its place in a benchmark results tree
+    #: what is scanned: the real path of the file (plus `#L<n>` for a JSONL record); items
+    #: reaching the same file through symlinks share it. "" outside `discover` (nothing shared)
+    identity: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.identity or self.display
+
+
+@dataclass
+class Discovery:
+    items: list[WorkItem] = field(default_factory=list)
+    errors: list[ScanError] = field(default_factory=list)
+    #: `eval_results.json` files and `per_problem/` folders met on the way (claims of runs)
+    claims: list[str] = field(default_factory=list)
 
 
 def display_path(path: str) -> str:
@@ -33,54 +56,93 @@ def display_path(path: str) -> str:
     return absolute if relative.startswith("..") else relative
 
 
-def discover(paths: list[str]) -> tuple[list[WorkItem], list[ScanError]]:
+def natural_key(text: str) -> list:
+    """Sort key putting "problem_2" before "problem_10"."""
+    return [(1, int(part), "") if part.isdigit() else (0, 0, part)
+            for part in re.split(r"(\d+)", text)]
+
+
+def discover(paths: list[str]) -> Discovery:
     """Raises FileNotFoundError for a path that does not exist at all (a usage error)."""
     missing = [p for p in paths if not os.path.lexists(p)]
     if missing:
         raise FileNotFoundError(f"no such file or directory: {', '.join(missing)}")
-    items: list[WorkItem] = []
-    errors: list[ScanError] = []
-    seen: set[str] = set()
+    found = Discovery()
+    index: dict[str, int] = {}
 
     def add(file: str, explicit: bool) -> None:
-        key = os.path.realpath(file)
-        if key not in seen:
-            seen.add(key)
-            items.append(WorkItem(file, display_path(file), explicit))
+        display = display_path(file)
+        if display in index:  # the same path again: named twice, or inside two arguments
+            position = index[display]
+            if explicit:
+                found.items[position] = replace(found.items[position], explicit=True)
+            return
+        index[display] = len(found.items)
+        found.items.append(WorkItem(file, display, explicit, identity=os.path.realpath(file)))
 
     for path in paths:
         if os.path.isdir(path):
-            before = len(items)
-            _walk(path, add, errors)
-            if len(items) == before:
-                errors.append(ScanError(display_path(path), "no kernel files (.py, .jsonl) found in this folder"))
+            if not _walk(path, add, found):
+                found.errors.append(ScanError(display_path(path),
+                                              "no kernel files (.py, .jsonl) found in this folder"))
         else:
             add(path, explicit=True)
-    return items, errors
+    return found
 
 
-def _walk(root: str, add, errors: list[ScanError]) -> None:
-    visited = {os.path.realpath(root)}
+def _walk(root: str, add, found: Discovery) -> int:
+    """Depth first, a folder's files before its subfolders; returns the kernel files reached."""
+    count = 0
+    stack = [(root, (os.path.realpath(root),))]
+    while stack:
+        directory, ancestors = stack.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda e: natural_key(e.name))
+        except OSError as exc:
+            found.errors.append(ScanError(display_path(exc.filename or directory),
+                                          f"cannot list folder: {exc.strerror or exc}"))
+            continue
+        subfolders = []
+        for entry in entries:
+            if _is_dir(entry):
+                if entry.name in CLAIM_NAMES:
+                    found.claims.append(entry.path)
+                if entry.name.startswith(".") or entry.name in _SKIPPED_DIRS:
+                    continue
+                real = os.path.realpath(entry.path)
+                if real in ancestors:
+                    found.errors.append(ScanError(
+                        display_path(entry.path),
+                        f"symlink loop: points back to {display_path(real)}; not followed"))
+                    continue
+                subfolders.append((entry.path, (*ancestors, real)))
+            elif entry.name.endswith(KERNEL_FILE_SUFFIXES):
+                add(entry.path, explicit=False)
+                count += 1
+            elif entry.name in CLAIM_NAMES:
+                found.claims.append(entry.path)
+        stack.extend(reversed(subfolders))
+    return count
 
-    def on_error(exc: OSError) -> None:
-        errors.append(ScanError(display_path(exc.filename or root),
-                                f"cannot list folder: {exc.strerror or exc}"))
 
-    for directory, subdirs, files in os.walk(root, followlinks=True, onerror=on_error):
-        kept = []
-        for name in sorted(subdirs):
-            if name.startswith(".") or name in _SKIPPED_DIRS:
-                continue
-            full = os.path.join(directory, name)
-            real = os.path.realpath(full)
-            if real in visited:
-                errors.append(ScanError(display_path(full),
-                                        f"symlink loop: points back to {display_path(real)}; "
-                                        "not followed"))
-                continue
-            visited.add(real)
-            kept.append(name)
-        subdirs[:] = kept
-        for name in sorted(files):
-            if name.endswith(KERNEL_FILE_SUFFIXES):
-                add(os.path.join(directory, name), explicit=False)
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks
+    except OSError:
+        return False
+
+
+def by_file(items: list[WorkItem]) -> list[tuple[WorkItem, list[WorkItem]]]:
+    """Items grouped by the file they reach, in order of first appearance: (the item to scan,
+    every item reaching that file). The scanned one names the findings: the path with no
+    symlink on it when one reaches the file, else the first; it is explicit when any is."""
+    groups: dict[str, list[WorkItem]] = {}
+    for item in items:
+        groups.setdefault(item.key, []).append(item)
+    scanned = []
+    for reached in groups.values():
+        direct = [i for i in reached if os.path.realpath(i.file) == os.path.abspath(i.file)]
+        first = (direct or reached)[0]
+        scanned.append((replace(first, explicit=any(i.explicit for i in reached)), reached))
+    return scanned

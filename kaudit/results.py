@@ -10,12 +10,16 @@ Layouts recognised:
 - JSONL files with `custom_code` (and `ref_code`) strings, one task per line; findings point
   into `file.jsonl#L12/custom_code`;
 - anything else: plain kernel files, without claims.
-Unreadable or malformed claim files are reported and the kernels are still scanned.
+Claims that cannot be used are never dropped in silence: an unreadable file, an unknown shape, a
+value of the wrong type, a JSONL record whose `custom_code` is not a string and a run folder with
+claims but no kernels each become a `ScanError` naming the file and what was expected. The
+kernels are still scanned.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,6 +32,17 @@ _KERNELBENCH_NAME = re.compile(r"level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.
 _TASK_ID = re.compile(r"level_(\d+)_problem_(\d+)")
 _REFERENCE_OF = {"custom_code.py": "ref_code.py", "kernel.py": "problem.py"}
 MAX_CLAIM_FILE_BYTES = 256 * 1024 * 1024
+#: how many unusable records one error message quotes
+_QUOTED = 3
+#: the fields a record must hold at least one of to count as a claim
+CLAIM_FIELDS = ("compiled", "correctness", "correctness_trials", "runtime", "speedup", "status")
+#: a record's `status` (`per_problem/` records: "static_failed", "evaluation_error", ...) saying
+#: that the run's own harness failed the kernel
+_FAILED_STATUS = re.compile(r"fail|error", re.IGNORECASE)
+EVAL_RESULTS_SHAPES = ('{"<problem id>": record or [records]} or [records with "task_id" '
+                       '"level_<L>_problem_<P>" or "level" and "problem_id"]')
+
+ClaimIndex = dict[tuple[int | None, int, int | None], "Claim"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,29 @@ class Claim:
     runtime_ms: float | None = None
     hardware: str | None = None
     speedup: float | None = None
+    #: the harness's word for the record, when it has one ("evaluated", "static_failed", ...)
+    status: str | None = None
+
+    @property
+    def failed_status(self) -> bool:
+        return self.status is not None and bool(_FAILED_STATUS.search(self.status))
+
+    @property
+    def said(self) -> str:
+        """What the run said, in a word or two: not compiled, incorrect, a failed status,
+        correct, or "-" for nothing."""
+        if self.compiled is False:
+            return "not compiled"
+        if self.correctness is False:
+            return "incorrect"
+        if self.failed_status:
+            return str(self.status)
+        return "correct" if self.correctness else "-"
+
+    @property
+    def incorrect(self) -> bool:
+        """The run itself says the kernel did not compile, is not correct, or failed it."""
+        return self.compiled is False or self.correctness is False or self.failed_status
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,34 +109,74 @@ def _bool(value: Any) -> bool | None:
     return None
 
 
-def _float(value: Any) -> float | None:
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
     try:
-        number = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return None
-    return number if number >= 0 and number == number else None  # -1 means "not measured"
 
 
-def claim_from_record(record: Any) -> Claim:
-    """A KernelBench-style record -> Claim; tolerant of missing keys and odd types."""
+def _float(value: Any) -> float | None:
+    number = _number(value)
+    # -1 means "not measured"; NaN is no number
+    return number if number is not None and number >= 0 and number == number else None
+
+
+def _layers(record: dict[str, Any]) -> dict[str, Any]:
+    """One flat view of a record: its `runtime_stats`, `metadata` and `eval_result` (with that
+    one's own `runtime_stats` and `metadata`, as `per_problem/` records nest them), the record's
+    own keys winning."""
+    def sub(holder: dict[str, Any], key: str) -> dict[str, Any]:
+        value = holder.get(key)
+        return value if isinstance(value, dict) else {}
+
+    result = sub(record, "eval_result")
+    return {**sub(record, "runtime_stats"), **sub(result, "runtime_stats"),
+            **sub(record, "metadata"), **sub(result, "metadata"), **result, **record}
+
+
+def read_claim(record: Any) -> tuple[Claim, list[str]]:
+    """A KernelBench-style record -> (Claim, what is wrong with it). A value of the wrong type is
+    read as not recorded and named in the second part."""
     if not isinstance(record, dict):
-        return Claim()
-    metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
-    stats = record.get("runtime_stats") if isinstance(record.get("runtime_stats"), dict) else {}
-    result = record.get("eval_result") if isinstance(record.get("eval_result"), dict) else {}
-    merged = {**stats, **metadata, **result, **record}
+        return Claim(), [f"expected a record (a JSON object), got {_kind(record)}"]
+    merged = _layers(record)
+    problems = []
+    if not any(merged.get(name) is not None for name in CLAIM_FIELDS):
+        problems.append(f"no claim in it (expected one of {', '.join(CLAIM_FIELDS)})")
+    for name in ("compiled", "correctness"):
+        if merged.get(name) is not None and _bool(merged[name]) is None:
+            problems.append(f"{name}: expected true or false, got {_quote(merged[name])}")
+    for name in ("runtime", "speedup"):
+        if merged.get(name) is not None and _number(merged[name]) is None:
+            problems.append(f"{name}: expected a number, got {_quote(merged[name])}")
     trials = merged.get("correctness_trials")
+    if trials is not None and not isinstance(trials, str):
+        problems.append('correctness_trials: expected a string like "(5 / 5)", '
+                        f"got {_quote(trials)}")
+    status = record.get("status")
+    if status is not None and not isinstance(status, str):
+        problems.append(f"status: expected a string, got {_quote(status)}")
     runtime = _float(merged.get("runtime"))
     if runtime is None:
-        runtime = _float(stats.get("mean"))
-    return Claim(
+        runtime = _float(merged.get("mean"))
+    claim = Claim(
         compiled=_bool(merged.get("compiled")),
         correctness=_bool(merged.get("correctness")),
         trials=trials if isinstance(trials, str) else None,
         runtime_ms=runtime,
         hardware=str(merged["hardware"]) if merged.get("hardware") is not None else None,
         speedup=_float(merged.get("speedup")),
+        status=status if isinstance(status, str) else None,
     )
+    return claim, problems
+
+
+def claim_from_record(record: Any) -> Claim:
+    """A KernelBench-style record -> Claim; tolerant of missing keys and odd types."""
+    return read_claim(record)[0]
 
 
 @dataclass
@@ -135,15 +213,18 @@ class ResultTrees:
 
     def __init__(self) -> None:
         self.errors: list[ScanError] = []
-        self._eval_results: dict[str, dict[tuple[int | None, int, int | None], Claim]] = {}
+        self._eval_results: dict[str, ClaimIndex] = {}
 
-    def annotate(self, items: list[WorkItem]) -> list[WorkItem]:
+    def annotate(self, items: list[WorkItem], claims: list[str] = ()) -> list[WorkItem]:
+        """`claims`: the claim files and folders the walk met (`Discovery.claims`); those of a
+        run without kernels are reported."""
         annotated: list[WorkItem] = []
         for item in items:
             if item.file.endswith(".jsonl"):
                 annotated.extend(self._jsonl_items(item))
             else:
                 annotated.append(replace(item, submission=self._submission(item)))
+        self._check_runs_have_kernels(claims, annotated)
         return annotated
 
     # --- per layout -----------------------------------------------------------------------
@@ -164,24 +245,54 @@ class ResultTrees:
             if level_match and problem_match:
                 record_file = path.parent.parent.parent / "per_problem" / path.parent.name / \
                     (path.stem + ".json")
-                record = self._read_json(record_file) if record_file.is_file() else None
+                claim = Claim()
+                if record_file.is_file():
+                    claim, problems = read_claim(self._read_json(record_file))
+                    self._report(record_file, problems)
                 return Submission("generated-kernels", path.parent.parent.parent.name,
                                   int(level_match.group(1)), int(problem_match.group(1)),
-                                  claim=claim_from_record(record))
+                                  claim=claim)
         reference_name = _REFERENCE_OF.get(path.name)
         if reference_name and (path.parent / reference_name).is_file():
             return Submission("paired-folder", path.parent.parent.name, *_numbers(path.parent.name),
                               reference=display_path(str(path.parent / reference_name)))
         return Submission("plain")
 
-    def _run_claims(self, run_dir: Path) -> dict[tuple[int | None, int, int | None], Claim]:
+    def _run_claims(self, run_dir: Path) -> ClaimIndex:
         key = str(run_dir)
         if key not in self._eval_results:
             self._eval_results[key] = {}
             results = run_dir / "eval_results.json"
             if results.is_file():
-                self._eval_results[key] = _index_eval_results(self._read_json(results))
+                data = self._read_json(results)
+                if data is not None:
+                    index, problems = index_eval_results(data)
+                    self._report(results, problems)
+                    self._eval_results[key] = index
         return self._eval_results[key]
+
+    def _check_runs_have_kernels(self, claims: list[str], items: list[WorkItem]) -> None:
+        runs_with_kernels = set()
+        for item in items:
+            layout = item.submission.layout if item.submission else None
+            if layout == "kernelbench-run":
+                runs_with_kernels.add(os.path.abspath(os.path.dirname(item.file)))
+            elif layout == "generated-kernels":
+                runs_with_kernels.add(os.path.abspath(str(Path(item.file).parents[2])))
+        for claim in claims:
+            run = os.path.abspath(os.path.dirname(claim))
+            if run in runs_with_kernels:
+                continue
+            if os.path.basename(claim) == "per_problem":
+                records = sum(1 for _ in Path(claim).glob("level_*/problem_*.json"))
+                if records:
+                    self.errors.append(ScanError(display_path(claim), (
+                        f"{records} per-problem claims but no kernels: expected "
+                        "generated_kernels/level_<L>/problem_<P>.py next to per_problem/")))
+            elif self._run_claims(Path(run)):
+                self.errors.append(ScanError(display_path(claim), (
+                    f"{len(self._run_claims(Path(run)))} claims but no kernels next to it: "
+                    "expected level_<L>_problem_<P>_sample_<S>_kernel.py files")))
 
     def _jsonl_items(self, item: WorkItem) -> list[WorkItem]:
         items: list[WorkItem] = []
@@ -196,22 +307,30 @@ class ResultTrees:
     def _jsonl_line(self, item: WorkItem, number: int, line: str) -> list[WorkItem]:
         if not line.strip():
             return []
+        where = f"{item.display}#L{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            self.errors.append(ScanError(f"{item.display}#L{number}",
-                                         f"not JSON: {exc.msg} (column {exc.colno})"))
+            self.errors.append(ScanError(where, f"not JSON: {exc.msg} (column {exc.colno})"))
             return []
-        if not isinstance(record, dict) or not isinstance(record.get("custom_code"), str):
+        if not isinstance(record, dict) or "custom_code" not in record:
+            return []  # not a kernel record (a results log, say)
+        if not isinstance(record["custom_code"], str):
+            self.errors.append(ScanError(where, "custom_code: expected a string holding the "
+                                         f"kernel's source, got {_kind(record['custom_code'])}"))
             return []
+        claim, problems = read_claim(record)
+        problems = [p for p in problems if not p.startswith("no claim")]  # a kernel alone is fine
+        if problems:
+            self.errors.append(ScanError(where, "claims not read: " + "; ".join(problems)))
         level, problem = _task_numbers(record)
         sample = record.get("sample_id") if isinstance(record.get("sample_id"), int) else None
         submission = Submission(
             "jsonl", Path(item.file).stem, level, problem, sample,
-            reference=f"{item.display}#L{number}/ref_code" if "ref_code" in record else None,
-            claim=claim_from_record(record))
-        return [WorkItem(item.file, f"{item.display}#L{number}/custom_code", explicit=False,
-                         text=record["custom_code"], submission=submission)]
+            reference=f"{where}/ref_code" if "ref_code" in record else None, claim=claim)
+        return [WorkItem(item.file, f"{where}/custom_code", explicit=False,
+                         text=record["custom_code"], submission=submission,
+                         identity=f"{item.key}#L{number}")]
 
     def _read_json(self, path: Path) -> Any:
         try:
@@ -222,18 +341,33 @@ class ResultTrees:
             self.errors.append(ScanError(display_path(str(path)), f"claims not read: {exc}"))
             return None
 
+    def _report(self, path: Path, problems: list[str]) -> None:
+        if problems:
+            self.errors.append(ScanError(display_path(str(path)), _summarise(problems)))
 
-def _index_eval_results(data: Any) -> dict[tuple[int | None, int, int | None], Claim]:
-    """All three shapes of eval_results.json -> {(level or None, problem, sample): Claim}."""
-    index: dict[tuple[int | None, int, int | None], Claim] = {}
+
+def index_eval_results(data: Any) -> tuple[ClaimIndex, list[str]]:
+    """All three shapes of eval_results.json -> ({(level or None, problem, sample): Claim},
+    what could not be used, each naming the record)."""
+    index: ClaimIndex = {}
+    problems: list[str] = []
     if isinstance(data, list):
-        for record in data:
-            if isinstance(record, dict):
-                level, problem = _task_numbers(record)
-                sample = _int(record.get("sample_id", record.get("solution_id")))
-                if problem is not None:
-                    index[(level, problem, sample)] = claim_from_record(record)
+        for position, record in enumerate(data):
+            level, problem = _task_numbers(record) if isinstance(record, dict) else (None, None)
+            if problem is None:
+                problems.append(f"record {position}: expected a record with \"task_id\" "
+                                f"\"level_<L>_problem_<P>\" or \"problem_id\", got {_kind(record)}")
+                continue
+            sample = _int(record.get("sample_id", record.get("solution_id")))
+            claim, wrong = read_claim(record)
+            problems += [f"problem {problem} sample {sample}: {p}" for p in wrong]
+            index[(level, problem, sample)] = claim
     elif isinstance(data, dict):
+        unknown = [key for key in data if _int(key) is None]
+        if unknown:
+            problems.append(f"unknown shape: keys {', '.join(map(_quote, unknown[:_QUOTED]))}"
+                            f"{' ...' if len(unknown) > _QUOTED else ''} are not problem ids; "
+                            f"expected {EVAL_RESULTS_SHAPES}")
         for problem_key, value in data.items():
             problem = _int(problem_key)
             if problem is None:
@@ -241,9 +375,30 @@ def _index_eval_results(data: Any) -> dict[tuple[int | None, int, int | None], C
             records = value if isinstance(value, list) else [value]
             for position, record in enumerate(records):
                 sample = _int(record.get("sample_id")) if isinstance(record, dict) else None
-                index[(None, problem, position if sample is None else sample)] = \
-                    claim_from_record(record)
-    return index
+                sample = position if sample is None else sample
+                claim, wrong = read_claim(record)
+                problems += [f"problem {problem} sample {sample}: {p}" for p in wrong]
+                index[(None, problem, sample)] = claim
+    else:
+        problems.append(f"unknown shape: got {_kind(data)}; expected {EVAL_RESULTS_SHAPES}")
+    return index, problems
+
+
+def _summarise(problems: list[str]) -> str:
+    quoted = "; ".join(problems[:_QUOTED])
+    more = len(problems) - _QUOTED
+    return f"claims not read: {quoted}" + (f"; and {more} more" if more > 0 else "")
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _quote(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _task_numbers(record: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -266,4 +421,3 @@ def _int(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     return None
-

@@ -1,6 +1,14 @@
-"""Verdicts on what a benchmark run claimed: per kernel `rejected`, `suspicious` or `trusted`,
-with reasons, and summaries per run and per level (claims that survive, claimed vs surviving
-median speedup, the fast_p-style share of trusted kernels faster than the baseline)."""
+"""Verdicts on what a benchmark run claimed, per kernel, with reasons:
+
+- `claimed-incorrect`: the run itself marks the kernel not compiled or incorrect (not a claim);
+- `rejected`: an error-level finding;
+- `unverified`: the dynamic pass could not audit it (a finding of a rule tagged `not-run`:
+  no CUDA, no reference problem, the reference failed), so a CPU-only run is never a pass;
+- `suspicious`: warnings, or a claimed speedup above the threshold that nothing confirmed;
+- `trusted`: none of these.
+
+Summaries per run and per level: claims that survive, claimed vs surviving median speedup, and
+the fast_p-style share of trusted kernels faster than the baseline."""
 
 from __future__ import annotations
 
@@ -9,10 +17,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kaudit.discover import natural_key
 from kaudit.findings import Finding, Level
 from kaudit.results import BaselineTimings, Submission
+from kaudit.rule import rule_by_code
 
-REJECTED, SUSPICIOUS, TRUSTED = "rejected", "suspicious", "trusted"
+CLAIMED_INCORRECT, REJECTED, UNVERIFIED, SUSPICIOUS, TRUSTED = (
+    "claimed-incorrect", "rejected", "unverified", "suspicious", "trusted")
+#: every verdict, the most decisive first
+VERDICTS = (CLAIMED_INCORRECT, REJECTED, UNVERIFIED, SUSPICIOUS, TRUSTED)
+#: the tag of the rules whose finding says "this kernel was not audited"
+NOT_AUDITED_TAG = "not-run"
 
 
 @dataclass
@@ -22,40 +37,64 @@ class Verdict:
     verdict: str
     reasons: list[str] = field(default_factory=list)
     speedup: float | None = None
+    #: where its findings are reported: the path the file was scanned by, which differs from
+    #: `path` when several paths (runs sharing files through symlinks) reach one file
+    file: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         s = self.submission
         return {
-            "path": self.path, "run": s.run, "level": s.level, "problem": s.problem,
-            "sample": s.sample, "layout": s.layout, "reference": s.reference,
+            "path": self.path, "file": self.file or self.path, "run": s.run, "level": s.level,
+            "problem": s.problem, "sample": s.sample, "layout": s.layout,
+            "reference": s.reference,
             "claimed": {"compiled": s.claim.compiled, "correctness": s.claim.correctness,
                         "trials": s.claim.trials, "runtime_ms": s.claim.runtime_ms,
-                        "hardware": s.claim.hardware, "speedup": self.speedup},
+                        "hardware": s.claim.hardware, "status": s.claim.status,
+                        "speedup": self.speedup},
             "verdict": self.verdict, "reasons": self.reasons,
         }
 
 
 def judge(path: str, submission: Submission, findings: Iterable[Finding],
-          timings: BaselineTimings | None, suspicious_speedup: float) -> Verdict:
+          timings: BaselineTimings | None, suspicious_speedup: float,
+          file: str | None = None) -> Verdict:
     findings = list(findings)
     speedup = (timings or BaselineTimings()).speedup(submission)
     errors = sorted({f.rule for f in findings if f.level is Level.ERROR})
     warnings = sorted({f.rule for f in findings if f.level is Level.WARNING})
+    not_audited = sorted({f.rule for f in findings if _not_audited(f.rule)} - set(errors)
+                         - set(warnings))
+
+    def verdict(name: str, reasons: list[str]) -> Verdict:
+        return Verdict(path, submission, name, reasons, speedup,
+                       file if file is not None and file != path else None)
+
+    claim = submission.claim
+    if claim.incorrect:
+        return verdict(CLAIMED_INCORRECT, [f"the run marks it {claim.said}"] + errors + warnings)
     if errors:
-        return Verdict(path, submission, REJECTED, errors + warnings, speedup)
+        return verdict(REJECTED, errors + warnings)
+    if not_audited:
+        return verdict(UNVERIFIED, not_audited + warnings)
     reasons = list(warnings)
     if speedup is not None and speedup > suspicious_speedup:
         reasons.append(f"claimed {speedup:.1f}x > {suspicious_speedup:g}x, unconfirmed")
-    return Verdict(path, submission, SUSPICIOUS if reasons else TRUSTED, reasons, speedup)
+    return verdict(SUSPICIOUS if reasons else TRUSTED, reasons)
+
+
+def _not_audited(code: str) -> bool:
+    rule = rule_by_code(code)
+    return rule is not None and NOT_AUDITED_TAG in rule.tags
 
 
 def summarize(verdicts: list[Verdict]) -> dict[str, Any]:
-    """Totals, and the same figures per run and per level."""
+    """Totals, and the same figures per run and per level (in natural order, none last)."""
     def group(key) -> list[dict[str, Any]]:
         groups: dict[Any, list[Verdict]] = {}
         for verdict in verdicts:
             groups.setdefault(key(verdict), []).append(verdict)
-        return [{"key": k, **_figures(v)} for k, v in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+        ordered = sorted(groups.items(), key=lambda kv: (kv[0] is None, natural_key(str(kv[0]))))
+        return [{"key": k, **_figures(v)} for k, v in ordered]
 
     return {
         "total": _figures(verdicts),
@@ -70,15 +109,15 @@ def _figures(verdicts: list[Verdict]) -> dict[str, Any]:
     claimed_speedups = [v.speedup for v in claimed if v.speedup is not None]
     surviving_speedups = [v.speedup for v in surviving if v.speedup is not None]
     fast = [v for v in surviving if v.speedup is not None and v.speedup > 1.0]
+    timed = any(v.speedup is not None for v in verdicts)
     return {
         "kernels": len(verdicts),
-        "rejected": sum(v.verdict == REJECTED for v in verdicts),
-        "suspicious": sum(v.verdict == SUSPICIOUS for v in verdicts),
-        "trusted": sum(v.verdict == TRUSTED for v in verdicts),
+        **{name.replace("-", "_"): sum(v.verdict == name for v in verdicts) for name in VERDICTS},
         "claimed_correct": len(claimed),
         "surviving": len(surviving),
         "median_claimed_speedup": statistics.median(claimed_speedups) if claimed_speedups else None,
         "median_surviving_speedup":
             statistics.median(surviving_speedups) if surviving_speedups else None,
-        "fast_1": len(fast) / len(verdicts) if verdicts else None,
+        # None without any speedup (no timings): "0% fast" would be a claim nobody measured
+        "fast_1": len(fast) / len(verdicts) if verdicts and timed else None,
     }

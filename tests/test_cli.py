@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -178,8 +179,23 @@ def test_output_file(in_tmp):
 
 
 def test_bundled_fixtures_scan():
-    """The README quick start: `kaudit scan fixtures/` finds the bad fixtures' problems."""
+    """The README quick start: `kaudit scan fixtures/` finds the bad fixtures' problems, and
+    prints exactly the `error:` lines the README announces."""
     root = RULE_FIXTURES.parent.parent
     code, data = scan_json("fixtures/", cwd=root)
     assert code == 1 and data["files_scanned"] > 50
     assert not any(e["internal"] for e in data["errors"])
+    readme = (root / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
+    listed = re.findall(r"^- `([^`]+)`:", quick_start, re.M)
+    assert sorted(e["path"] for e in data["errors"]) == sorted(listed)
+    words = {1: "one line", 2: "two lines", 3: "three lines", 4: "four lines", 5: "five lines",
+             6: "six lines"}
+    assert f"prints {words[len(listed)]} starting `error:`" in " ".join(quick_start.split())
+    text = kaudit("scan", "fixtures/", cwd=root).stdout.splitlines()
+    assert [line for line in text if line.startswith("error:")] == [
+        f"error: {e['path']}: {e['message']}" for e in data["errors"]]
+    assert re.fullmatch(r"\d+ kernels: (\d+ [a-z-]+, ){4}\d+ trusted", text[-2])
+    notes = sum(f["level"] == "note" for f in data["findings"])
+    assert text[-1].endswith(f"{len(listed)} errors; not shown: {notes} notes "
+                             "(--min-level note shows them)")

@@ -34,7 +34,7 @@ class Recorder:
         self.options: list = []
         self.metrics: dict | None = None
 
-    def __call__(self, paths, report, options, config) -> list:
+    def __call__(self, paths, report, options, config, on_kernel=None) -> list:
         self.options.append(options)
         if self.metrics is not None:
             report.findings.append(Finding(

@@ -299,7 +299,8 @@ def test_several_jobs_keep_the_order_of_the_items(tmp_path):
         items.append(WorkItem(str(folder / "kernel.py"), name, True))
     progress = []
     options = DynamicOptions(resolve(None, None, None), device="cpu", jobs=3)
-    runs = audit_items(items, options, "cpu", on_kernel=lambda done, total: progress.append(done))
+    runs = audit_items(items, options, "cpu",
+                       on_kernel=lambda done, total, item, run, seconds: progress.append(done))
     assert [r.path for r in runs] == ["b_first", "a_second", "c_third"]
     assert sorted(progress) == [1, 2, 3] and all(r.status == "no-problem" for r in runs)
 
@@ -313,7 +314,7 @@ def test_a_scan_shares_one_content_addressed_build_cache(tmp_path, monkeypatch):
 
     seen = []
 
-    def record(items, options, device):
+    def record(items, options, device, on_kernel=None):
         seen.append(options.extensions_dir)
         assert os.path.isdir(options.extensions_dir)
         return []
@@ -349,7 +350,7 @@ def test_kernels_in_jsonl_records_run_against_their_ref_code(tmp_path):
                {"task_id": "level_1_problem_8", "custom_code": kernel}]
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    items = ResultTrees().annotate(discover([str(path)])[0])
+    items = ResultTrees().annotate(discover([str(path)]).items)
     options = DynamicOptions(resolve(None, None, None), device="cpu")
     first, second = audit_items(items, options, "cpu")
     assert first.path.endswith("samples.jsonl#L1/custom_code")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -117,6 +118,8 @@ def test_pre_commit_hook():
     assert hook["id"] == "kaudit" and hook["entry"].startswith("kaudit scan")
     assert hook["language"] == "python" and hook["types"] == ["python"]
     fixture = FIXTURES / "rules" / "KA101" / "bad_torch_alias_matmul.py"
+    # the `kaudit` script installed next to this interpreter (the virtualenv need not be active)
+    path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
     proc = subprocess.run([*hook["entry"].split(), str(fixture)], capture_output=True, text=True, check=False,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=120, env={**os.environ, "PATH": path})
     assert proc.returncode == 1 and "KA101" in proc.stdout

@@ -18,11 +18,14 @@ from tests.test_sarif import validate
 
 RESULTS = FIXTURES / "results"
 TIMINGS = RESULTS / "kernelbench" / "results" / "timing" / "H200" / "baseline_time_torch.json"
+#: one tree per layout (symlinked/, runs sharing files, has its own tests: test_result_trees.py)
+LAYOUTS = [f"fixtures/results/{name}" for name in ("generated", "jsonl", "kernelbench", "paired")]
 
 
 @pytest.fixture(scope="module")
 def report():
-    return scan_paths([str(RESULTS)], Config(baseline_timings=str(TIMINGS)))
+    return scan_paths([str(ROOT / layout) for layout in LAYOUTS],
+                      Config(baseline_timings=str(TIMINGS)))
 
 
 def verdict_of(report, suffix):
@@ -34,7 +37,8 @@ def verdict_of(report, suffix):
     ("dict_of_lists/level_1_problem_19_sample_0_kernel.py", "kernelbench-run",
      ("dict_of_lists", 1, 19, 0), (True, 1.5), "trusted", []),
     ("dict_of_lists/level_1_problem_19_sample_1_kernel.py", "kernelbench-run",
-     ("dict_of_lists", 1, 19, 1), (False, None), "trusted", []),
+     ("dict_of_lists", 1, 19, 1), (False, None), "claimed-incorrect",
+     ["the run marks it incorrect"]),
     ("dict_of_lists/level_1_problem_1_sample_0_kernel.py", "kernelbench-run",
      ("dict_of_lists", 1, 1, 0), (True, 2.66 / 1.9), "rejected", ["KA101", "KA102"]),
     ("dict_of_lists/level_1_problem_23_sample_0_kernel.py", "kernelbench-run",
@@ -87,7 +91,8 @@ def test_summary_per_run_and_level(report):
     assert row["median_surviving_speedup"] == pytest.approx(1.5)
     assert row["fast_1"] == pytest.approx(0.25)
     total = report.summary["total"]
-    assert (total["kernels"], total["rejected"], total["suspicious"], total["trusted"]) == (13, 5, 3, 5)
+    assert (total["kernels"], total["rejected"], total["suspicious"], total["trusted"],
+            total["claimed_incorrect"], total["unverified"]) == (13, 5, 3, 4, 1, 0)
     assert {row["key"] for row in report.summary["levels"]} == {1, None}
 
 
@@ -104,7 +109,7 @@ def kaudit_cli(*args, cwd=ROOT):
 
 def test_every_format_at_once(tmp_path):
     out = tmp_path / "reports"
-    proc = kaudit_cli("scan", "fixtures/results", "--no-cache", "--output-dir", str(out),
+    proc = kaudit_cli("scan", *LAYOUTS, "--no-cache", "--output-dir", str(out),
                       "--baseline-timings", str(TIMINGS))
     assert proc.returncode == 1, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [

@@ -31,6 +31,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ from typing import Any
 
 from kaudit.discover import WorkItem, display_path
 from kaudit.dynamic.judge import Adder, failure_metrics, judge, load_any
-from kaudit.dynamic.problems import cpu_time_limit, default_memory_limit, resolve_device
+from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
+from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location
@@ -76,6 +78,8 @@ class DynamicOptions:
     jobs: int = 1
     #: where pictures of unwritten / out-of-bounds output regions go (KD101, KD103); None: none
     artifacts_dir: str | None = None
+    #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
+    memory_limit: int | None = None
 
 
 @dataclass
@@ -173,10 +177,12 @@ def forward_location(path: str, text: str) -> Location:
 
 
 def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
-                on_kernel: Callable[[int, int], None] | None = None) -> list[KernelRun]:
+                on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None = None
+                ) -> list[KernelRun]:
     """Run every kernel among `items`, `options.jobs` at a time (on CUDA spread over the visible
-    GPUs). A kernel held in a JSONL record runs from a temporary `kernel.py`, next to its record's
-    `ref_code` as `problem.py` when it has one. Runs come back in the order of `items`."""
+    GPUs); `on_kernel(done, total, item, run, seconds)` after each. A kernel held in a JSONL
+    record runs from a temporary `kernel.py`, next to its record's `ref_code` as `problem.py`
+    when it has one. Runs come back in the order of `items`."""
     work = []
     for item in items:
         try:
@@ -193,6 +199,7 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
     def one(entry: tuple[WorkItem, str]) -> KernelRun:
         item, text = entry
         submission = item.submission
+        started = time.monotonic()
         with contextlib.ExitStack() as stack:
             file = item.file
             if item.text is not None:
@@ -206,7 +213,7 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
         with lock:
             done[0] += 1
             if on_kernel:
-                on_kernel(done[0], len(work))
+                on_kernel(done[0], len(work), item, run, time.monotonic() - started)
         return run
 
     if options.jobs <= 1 or len(work) <= 1:
@@ -292,8 +299,7 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
         add("KD502", "not run: no reference problem (give --problem FILE, put problem.py next "
             "to the kernel, or --problems ROOT for KernelBench names)")
         return run
-    shared_memory = default_memory_limit() if device == "cpu" else None
-    memory = shared_memory // max(1, options.jobs) if shared_memory else None
+    memory = job_memory_limit(options.memory_limit) if device == "cpu" else None
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     scales = [s for s in options.scales if s != 1]
     common = {"problem": os.path.abspath(problem), "device": device,
@@ -311,7 +317,8 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
                 except (OSError, FileNotFoundError):
                     pass
             add("KD503", f"not run: the reference problem {run.problem} failed: "
-                f"{reference_result.describe()}", **failure_metrics(reference_result))
+                f"{reference_result.describe()}{memory_note(reference_result, memory)}",
+                **failure_metrics(reference_result))
             return run
         keys = [f"s{index}" for index in range(len(scales))]
         try:
@@ -360,25 +367,42 @@ def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) 
     return scaled
 
 
-def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: Any) -> list[KernelRun]:
+def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: Any,
+                on_kernel: Callable[[int, int, str, str, float], None] | None = None
+                ) -> list[KernelRun]:
     """Run the dynamic pass over what `kaudit scan` scanned and merge its findings into `report`
-    (a `kaudit.api.Report`): findings appended, fingerprints assigned, verdicts judged again."""
+    (a `kaudit.api.Report`): findings appended, fingerprints assigned, verdicts judged again.
+    A file reached through several paths runs once, under the path its findings are named by.
+    `on_kernel(done, total, path, verdict, seconds)` after each kernel."""
     from kaudit.baseline import load_baseline, mark_findings
-    from kaudit.discover import discover
+    from kaudit.discover import by_file, discover
     from kaudit.findings import assign_fingerprints
     from kaudit.results import BaselineTimings, ResultTrees, Submission
     from kaudit.source import split_lines
     from kaudit.verdicts import judge, summarize
 
     device = resolve_device(options.device)
-    items, _errors = discover(list(paths))
-    items = ResultTrees().annotate(items)
+    found = discover(list(paths))
+    items = [scanned for scanned, _ in by_file(ResultTrees().annotate(found.items))]
+    timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
+    static: dict[str, list[Finding]] = {}
+    for finding in report.findings:
+        static.setdefault(finding.path, []).append(finding)
+
+    def finished(done: int, total: int, item: WorkItem, run: KernelRun, seconds: float) -> None:
+        verdict = judge(item.display, item.submission or Submission("plain"),
+                        static.get(item.display, []) + run.findings, timings,
+                        config.suspicious_speedup)
+        on_kernel(done, total, item.display, verdict.verdict, seconds)
+
+    progress = finished if on_kernel else None
     if options.extensions_dir is None:
         # one build per kernel text for the whole scan (a results tree repeats kernels)
         with tempfile.TemporaryDirectory(prefix="kaudit-extensions-") as builds:
-            runs = audit_items(items, dataclasses.replace(options, extensions_dir=builds), device)
+            runs = audit_items(items, dataclasses.replace(options, extensions_dir=builds), device,
+                               progress)
     else:
-        runs = audit_items(items, options, device)
+        runs = audit_items(items, options, device, progress)
     lines_of: dict[str, list[str]] = {}
     for item in items:
         if item.text is not None:
@@ -399,9 +423,9 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
     by_path: dict[str, list[Finding]] = {}
     for finding in report.findings:
         by_path.setdefault(finding.path, []).append(finding)
-    timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
-    report.verdicts = [judge(v.path, v.submission or Submission("plain"), by_path.get(v.path, []),
-                             timings, config.suspicious_speedup) for v in report.verdicts]
+    report.verdicts = [judge(v.path, v.submission or Submission("plain"),
+                             by_path.get(v.file or v.path, []), timings,
+                             config.suspicious_speedup, file=v.file) for v in report.verdicts]
     report.summary = summarize(report.verdicts)
     report.summary["dynamic"] = {"device": device, "kernels": len(runs),
                                  "statuses": _count(r.status for r in runs)}

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from kaudit import __version__
-from kaudit.discover import display_path
+from kaudit.discover import display_path, natural_key
+from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
@@ -52,8 +53,7 @@ class Options:
     scales: tuple[float, ...] = DEFAULT_SCALES
     timeout: float = 300.0
     jobs: int = 1
-    #: RLIMIT_AS for CPU runs in bytes; None: three quarters of the physical memory, shared
-    #: among the jobs
+    #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
     memory_limit: int | None = None
     init_seed: int = INIT_SEED
     #: outputs with more elements are sampled at this many fixed positions (see problem_job)
@@ -200,11 +200,7 @@ def _walk(folder: str) -> tuple[list[str], int]:
                 found.append(file)
             else:
                 skipped += 1
-    return sorted(found, key=_natural_key), skipped
-
-
-def _natural_key(path: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+    return sorted(found, key=natural_key), skipped
 
 
 def model_line(file: str) -> tuple[int, list[str]]:
@@ -235,28 +231,16 @@ def resolve_device(requested: str) -> str:
     return "cuda" if available else "cpu"
 
 
-def cpu_time_limit(timeout: float) -> float:
-    """RLIMIT_CPU for a CPU job: its wall-clock timeout on every core, plus start-up."""
-    return timeout * (os.cpu_count() or 1) + 30
-
-
-def default_memory_limit() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def audit_problems(paths: Iterable[str], options: Options,
-                   on_problem: Callable[[int, int], None] | None = None) -> ProblemsReport:
-    """Run and probe every problem under `paths`. Raises FileNotFoundError for a missing path and
-    ValueError for an unusable device; a problem that fails is a KP501 finding, never an error."""
+                   on_problem: Callable[[int, int, ProblemResult], None] | None = None
+                   ) -> ProblemsReport:
+    """Run and probe every problem under `paths`; `on_problem(done, total, problem)` after each.
+    Raises FileNotFoundError for a missing path and ValueError for an unusable device; a problem
+    that fails is a KP501 finding, never an error."""
     files, skipped, errors = discover_problems(paths)
     device = resolve_device(options.device)
     report = ProblemsReport(options, device, errors=errors, files_skipped=skipped)
-    shared = default_memory_limit()
-    memory = (options.memory_limit or (shared // options.jobs if shared else None)) \
-        if device == "cpu" else None
+    memory = job_memory_limit(options.memory_limit) if device == "cpu" else None
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
 
     def one(file: str) -> ProblemResult:
@@ -271,7 +255,8 @@ def audit_problems(paths: Iterable[str], options: Options,
         try:
             with run_job(job) as result:
                 problem = analyse(result, display, line, options,
-                                  len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1)
+                                  len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1,
+                                  memory_limit=memory)
         except Exception as exc:  # a kaudit bug: reported as an internal error, the run goes on
             return ProblemResult(display, line, status="failed",
                                  error=f"internal error: {exc.__class__.__name__}: {exc}")
@@ -283,13 +268,13 @@ def audit_problems(paths: Iterable[str], options: Options,
         for done, file in enumerate(files, start=1):
             report.problems.append(one(file))
             if on_problem:
-                on_problem(done, total)
+                on_problem(done, total, report.problems[-1])
     else:
         with ThreadPoolExecutor(max_workers=options.jobs) as pool:
             for done, problem in enumerate(pool.map(one, files), start=1):
                 report.problems.append(problem)
                 if on_problem:
-                    on_problem(done, total)
+                    on_problem(done, total, problem)
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems
                       if p.error and p.error.startswith("internal error") and not p.findings]
     report.summary = summarize(report.problems)
@@ -316,7 +301,8 @@ class _Finder:
 
 
 def analyse(result: RunResult, display: str, line: int, options: Options,
-            end_column: int = 1) -> ProblemResult:
+            end_column: int = 1, memory_limit: int | None = None) -> ProblemResult:
+    """`memory_limit`: the job's cap, named when it ran out of memory."""
     problem = ProblemResult(display, line, max(1, end_column), wall_s=result.wall_s)
     report = _Finder(problem)
     manifest: dict[str, Any] | None = result.value if result.ok else _manifest(result)
@@ -328,7 +314,7 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
             else result.phase
         if phase and not result.phase:
             result.phase = phase
-        _not_run(problem, report, result)
+        _not_run(problem, report, result, memory_limit)
         return problem
     try:
         return _probe(problem, report, result, manifest or {}, seeds, options)
@@ -348,9 +334,10 @@ def _manifest(result: RunResult) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _not_run(problem: ProblemResult, report: _Finder, result: RunResult) -> None:
+def _not_run(problem: ProblemResult, report: _Finder, result: RunResult,
+             memory_limit: int | None = None) -> None:
     problem.status = "failed"
-    problem.error = result.describe()
+    problem.error = result.describe() + memory_note(result, memory_limit)
     tail = "\n".join(result.stderr_tail.strip().splitlines()[-15:])[-1500:]
     report("KP501", f"the problem could not be run: {problem.error}",
            status=result.status, phase=result.phase, stderr_tail=tail or None)

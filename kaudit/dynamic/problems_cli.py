@@ -8,10 +8,9 @@ import math
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from kaudit.gate import exit_code
 from kaudit.progress import DelayedProgress
+from kaudit.report.console import make_console
 
 FORMATS = ("text", "json", "sarif", "markdown")
 
@@ -33,11 +32,14 @@ def parse_scales(text: str) -> tuple[float, ...]:
 
 def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
                 rtol: float | None, device: str, seeds: int, scales: str, timeout: float,
-                jobs: int, output_format: str, output: Path | None, fail_on: str | None) -> int:
+                jobs: int, output_format: str, output: Path | None, fail_on: str | None,
+                memory_limit: str | None = None) -> int:
+    from kaudit.dynamic.limits import parse_memory_limit
     from kaudit.dynamic.tolerance import resolve
 
     try:
         chosen = resolve(tolerance, atol, rtol)
+        memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
     except ValueError as exc:
         raise ProblemsUsageError(str(exc)) from exc
     if seeds < 1 or timeout <= 0 or jobs < 1:
@@ -53,19 +55,24 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
     from kaudit.dynamic.problems import Options, audit_problems
 
     options = Options(chosen, device=device, seeds=seeds, scales=parse_scales(scales),
-                      timeout=timeout, jobs=jobs)
+                      timeout=timeout, jobs=jobs, memory_limit=memory)
     progress = DelayedProgress("running problems")
+
+    def finished(done: int, total: int, problem) -> None:
+        progress.finished(done, total, problem.path, ",".join(problem.codes()) or "no findings",
+                          problem.wall_s)
+
     try:
-        report = audit_problems([str(p) for p in paths], options, on_problem=progress.update)
+        report = audit_problems([str(p) for p in paths], options, on_problem=finished)
     except (FileNotFoundError, ValueError) as exc:
         raise ProblemsUsageError(str(exc)) from exc
     finally:
         progress.stop()
 
     if output_format == "text" and output is None:
-        console = Console(highlight=False)
+        console = make_console()
         if not console.is_terminal:
-            console = Console(highlight=False, width=160)
+            console = make_console(width=160)
         problems_report.render_text(report, console)
     else:
         if output_format == "json":
@@ -76,15 +83,18 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
             content = problems_report.render_markdown(report)
         else:
             buffer = io.StringIO()
-            problems_report.render_text(report, Console(file=buffer, width=160, no_color=True,
-                                                        highlight=False))
+            problems_report.render_text(report, make_console(file=buffer, width=160,
+                                                             no_color=True))
             content = buffer.getvalue()
         if output is None:
             sys.stdout.write(content)
         else:
-            output.write_text(content, encoding="utf-8")
-            Console(stderr=True).print(problems_report.summary_lines(report)[-1],
-                                       highlight=False)
+            try:
+                output.write_text(content, encoding="utf-8")
+            except OSError as exc:
+                raise ProblemsUsageError(f"cannot write {output}: {exc.strerror or exc}") from exc
+            make_console(stderr=True).print(problems_report.summary_lines(report)[-1],
+                                            markup=False, soft_wrap=True)
     threshold = fail_on or ("never" if output_format == "sarif" else "error")
     return exit_code(report.as_scan_report(), threshold)
 

@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from kaudit import __version__
 from kaudit.dynamic.problems import ProblemResult, ProblemsReport
+from kaudit.report.markdown import code, text
 
 STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 SARIF_CATEGORY = "kaudit/problems/"
@@ -38,9 +39,10 @@ def render_text(report: ProblemsReport, console: Console) -> None:
         if problem.findings or problem.status != "ok":
             _details(problem, console)
     for error in report.errors:
-        console.print(f"[bold red]error[/bold red]: {escape(error.path)}: {escape(error.message)}")
+        console.print(f"[bold red]error[/bold red]: {escape(error.path)}: {escape(error.message)}",
+                      soft_wrap=True)
     for line in summary_lines(report):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def render_markdown(report: ProblemsReport) -> str:
@@ -52,7 +54,7 @@ def render_markdown(report: ProblemsReport) -> str:
              "degenerate | atol-dominated | ill-conditioned |",
              "|---|---|---|---|---|---|---|---|---|"]
     groups = report.summary.get("groups", [])
-    rows = [(f"`{row['key']}`", row) for row in groups]
+    rows = [(code(row["key"]), row) for row in groups]
     if len(groups) > 1:
         rows.append(("**total**", report.summary))
     for key, row in rows:
@@ -66,15 +68,16 @@ def render_markdown(report: ProblemsReport) -> str:
                   "| problem | output | max\\|y\\| | zeros | constant | other inputs | "
                   "recommended rel. L2 | findings |", "|---|---|---|---|---|---|---|---|"]
         for problem in flagged[:MAX_ROWS]:
-            lines.append(f"| `{problem.path}` | {_output(problem)} | {_g(problem.max_abs)} | "
+            lines.append(f"| {code(problem.path)} | {_output(problem)} | {_g(problem.max_abs)} | "
                          f"{_mark(problem.zeros_pass)} | {_mark(problem.constant_pass)} | "
                          f"{_mark(problem.other_input_pass)} | {_recommended(problem)} | "
                          f"{', '.join(problem.codes())} |")
         if len(flagged) > MAX_ROWS:
             lines.append(f"| ... {len(flagged) - MAX_ROWS} more | | | | | | | |")
         lines.append("")
-    for error in report.errors:
-        lines.append(f"- error: `{error.path}`: {error.message}")
+    if report.errors:
+        lines += ["### Errors", "", "| path | error |", "|---|---|"]
+        lines += [f"| {code(e.path)} | {text(e.message)} |" for e in report.errors]
     return "\n".join(lines).rstrip() + "\n"
 
 
