@@ -233,6 +233,17 @@ def test_fix_writes_files_and_prints_a_summary(tmp_path):
     assert again.returncode == 0 and "nothing to fix" in again.stdout
 
 
+def test_a_file_reached_through_a_symlink_is_fixed_once(tmp_path):
+    (triton,) = copy_fixtures(tmp_path, "KA201/bad_triton_floor_division.py")
+    (tmp_path / "retimed").mkdir()
+    (tmp_path / "retimed" / triton.name).symlink_to(f"../{triton.name}")
+    proc = kaudit("fix", ".", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert triton.read_text() == fixed_path(RULE_FIXTURES / "KA201" / triton.name).read_text()
+    assert "kaudit: fixed 3 findings (KA201 ×3) in 1 file" in proc.stdout
+    assert (tmp_path / "retimed" / triton.name).is_symlink()
+
+
 def test_diff_prints_a_patch_and_writes_nothing(tmp_path):
     (fixture,) = copy_fixtures(tmp_path, "KA201/bad_cuda_int_division.py")
     original = fixture.read_text()

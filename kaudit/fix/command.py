@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kaudit.config import Config, code_matches
-from kaudit.discover import discover
+from kaudit.discover import by_file, discover
 from kaudit.findings import Finding
 from kaudit.fix.engine import Refusal, fix_text
 from kaudit.fix.report import fixed_by_default
@@ -31,13 +31,13 @@ def run_fix(paths: list[str], config: Config, select: list[str], *, diff: bool,
     """Fix (or suppress) the findings under `paths`. Returns the exit status: 0 done (or nothing
     to do); 1 with `diff` when something would change, or when a file could not be written.
     Raises FileNotFoundError for a path that does not exist."""
-    items, errors = discover(paths)
-    for error in errors:
+    found = discover(paths)
+    for error in found.errors:
         err.write(f"kaudit: {error.path}: {error.message}\n")
     wanted = _wanted(config, select, suppress)
     counts: Counter[str] = Counter()
     files = unwritten = 0
-    for item in items:
+    for item, _reached in by_file(found.items):  # a file reached through symlinks is fixed once
         if item.file.endswith(".jsonl"):
             err.write(f"kaudit: {item.display}: kernels inside JSONL records are not fixed\n")
             continue
