@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import tree_sitter
 import tree_sitter_cuda
 
+from kaudit.entry import MODEL_NEW, EntryPoint
 from kaudit.findings import Location
 from kaudit.python_scope import Bindings, MappedText, dotted_parts, string_literal_text
 
@@ -222,8 +223,11 @@ FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 class SourceModel:
     """Everything the static rules know about one Python kernel file."""
 
-    def __init__(self, path: str, text: str | None, problem: InputProblem | None = None) -> None:
+    def __init__(self, path: str, text: str | None, problem: InputProblem | None = None,
+                 entry: EntryPoint = MODEL_NEW) -> None:
         self.path = path
+        #: what the benchmark calls: `class ModelNew` unless an adapter says otherwise
+        self.entry = entry
         self.text = text or ""
         self.lines = split_lines(self.text)
         self.index = LineIndex(self.text)
@@ -357,7 +361,31 @@ class SourceModel:
 
     @property
     def model_new(self) -> ast.ClassDef | None:
-        return self.classes.get("ModelNew")
+        """The entry point's class (`class ModelNew` for KernelBench); None for a function entry."""
+        if self.entry.is_function:
+            return None
+        return next((self.classes[n] for n in self.entry.names if n in self.classes), None)
+
+    @property
+    def entry_function(self) -> FunctionNode | None:
+        """The entry point's function, for benchmarks that call a function (KernelBenchX)."""
+        if not self.entry.is_function:
+            return None
+        return next((self.functions[n] for n in self.entry.names if n in self.functions), None)
+
+    @property
+    def entry_name(self) -> str:
+        """How messages name the entry point's forward path: `ModelNew.forward`, `gelu`."""
+        if self.entry.is_function:
+            function = self.entry_function
+            return f"`{function.name if function else self.entry.names[0]}`"
+        cls = self.model_new
+        return f"`{cls.name if cls else self.entry.names[0]}.forward`"
+
+    def entry_member(self, name: str) -> str:
+        """`ModelNew.__init__`-style names of the entry class's other methods, for messages."""
+        cls = self.model_new
+        return f"`{cls.name if cls else self.entry.names[0]}.{name}`"
 
     @property
     def cuda_units(self) -> list[CudaUnit]:
