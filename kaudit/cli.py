@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from kaudit import __version__
+from kaudit.adapters.model import BENCHMARKS
 from kaudit.api import Report, scan_paths
 from kaudit.baseline import write_baseline
 from kaudit.config import Config, ConfigError, load_config
@@ -47,6 +48,10 @@ class FailOn(str, enum.Enum):
 
 
 assert tuple(f.value for f in FailOn) == FAIL_ON_CHOICES
+
+
+Benchmark = enum.Enum("Benchmark", {name.replace("-", "_"): name for name in BENCHMARKS},
+                      type=str)
 
 
 class MinLevel(str, enum.Enum):
@@ -96,6 +101,7 @@ def scan(
     baseline: Annotated[Optional[Path], typer.Option(help="Accepted findings (`kaudit baseline write`); only new ones fail.")] = None,  # noqa: UP007,E501
     baseline_timings: Annotated[Optional[Path], typer.Option(help="baseline_time_torch.json, to turn claimed runtimes into speedups.")] = None,  # noqa: UP007,E501
     suspicious_speedup: Annotated[Optional[float], typer.Option(help="Claimed speedups above this are suspicious until confirmed (default 10).")] = None,  # noqa: UP007,E501
+    benchmark: Annotated[Optional[Benchmark], typer.Option(help="Read every path as this benchmark's layout (default: recognise each layout from its files).")] = None,  # noqa: UP007,E501
     cache_dir: Annotated[Path, typer.Option(help="Cache of per-file results, by content.")] = Path(".kaudit_cache"),  # noqa: E501
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")] = False,  # noqa: E501
     dynamic: Annotated[bool, typer.Option("--dynamic", help="Also run each kernel against its reference problem in child processes (needs torch).")] = False,  # noqa: E501
@@ -114,7 +120,8 @@ def scan(
     if output_dir is not None:
         _make_folder(output_dir, "--output-dir")
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
-                               suspicious_speedup, None if no_cache else cache_dir)
+                               suspicious_speedup, None if no_cache else cache_dir,
+                               benchmark.value if benchmark else None)
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
                      timeout, scales=scales, jobs=jobs, artifacts=artifacts,
@@ -133,14 +140,15 @@ def scan(
     raise typer.Exit(exit_code(report, threshold))
 
 
-def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir
-              ) -> tuple[Report, Config]:
+def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir,
+              benchmark: str | None = None) -> tuple[Report, Config]:
     try:
         config = load_config().with_options(
             select=_codes(select), ignore=_codes(ignore), jobs=jobs,
             baseline=str(baseline) if baseline else None,
             baseline_timings=str(timings) if timings else None,
-            suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None)
+            suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None,
+            benchmark=benchmark)
     except (ConfigError, ValueError) as exc:
         _usage_error(f"configuration error: {exc}")
     progress = DelayedProgress("scanning")

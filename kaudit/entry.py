@@ -13,19 +13,24 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EntryPoint:
-    #: "class": an `nn.Module` whose `forward` the benchmark calls; "function": a function
+    #: "class": an `nn.Module` whose `forward` the benchmark calls; "function": a function;
+    #: "callable": either, whichever the file defines (KernelBenchX accepts both)
     kind: str = "class"
     #: the names the benchmark accepts, in its order of preference; the first one defined counts
     names: tuple[str, ...] = ("ModelNew",)
 
     @property
-    def is_function(self) -> bool:
-        return self.kind == "function"
+    def may_be_class(self) -> bool:
+        return self.kind in ("class", "callable")
+
+    @property
+    def may_be_function(self) -> bool:
+        return self.kind in ("function", "callable")
 
     def describe(self) -> str:
-        """`class ModelNew`, `def gelu or def kernel_function`: for messages."""
-        keyword = "def" if self.is_function else "class"
-        return " or ".join(f"`{keyword} {name}`" for name in self.names)
+        """`class ModelNew`, `def gelu` or `def kernel_function`: for messages."""
+        keyword = {"class": "class ", "function": "def ", "callable": ""}[self.kind]
+        return " or ".join(f"`{keyword}{name}`" for name in self.names)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "names": list(self.names)}

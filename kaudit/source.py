@@ -362,25 +362,24 @@ class SourceModel:
     @property
     def model_new(self) -> ast.ClassDef | None:
         """The entry point's class (`class ModelNew` for KernelBench); None for a function entry."""
-        if self.entry.is_function:
+        if not self.entry.may_be_class:
             return None
         return next((self.classes[n] for n in self.entry.names if n in self.classes), None)
 
     @property
     def entry_function(self) -> FunctionNode | None:
         """The entry point's function, for benchmarks that call a function (KernelBenchX)."""
-        if not self.entry.is_function:
+        if not self.entry.may_be_function or self.model_new is not None:
             return None
         return next((self.functions[n] for n in self.entry.names if n in self.functions), None)
 
     @property
     def entry_name(self) -> str:
         """How messages name the entry point's forward path: `ModelNew.forward`, `gelu`."""
-        if self.entry.is_function:
-            function = self.entry_function
-            return f"`{function.name if function else self.entry.names[0]}`"
-        cls = self.model_new
-        return f"`{cls.name if cls else self.entry.names[0]}.forward`"
+        cls, function = self.model_new, self.entry_function
+        if cls is not None or not self.entry.may_be_function:
+            return f"`{cls.name if cls else self.entry.names[0]}.forward`"
+        return f"`{function.name if function else self.entry.names[0]}`"
 
     def entry_member(self, name: str) -> str:
         """`ModelNew.__init__`-style names of the entry class's other methods, for messages."""
