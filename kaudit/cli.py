@@ -108,7 +108,7 @@ def scan(
     device: Annotated[str, typer.Option(help="--dynamic: auto, cuda or cpu.")] = "auto",
     problem: Annotated[Optional[Path], typer.Option(help="--dynamic: the reference problem of every kernel scanned.")] = None,  # noqa: UP007,E501
     problems_root: Annotated[Optional[Path], typer.Option("--problems", help="--dynamic: KernelBench problems folder (level1/, level2/, ...) for level_<L>_problem_<P> names.")] = None,  # noqa: UP007,E501
-    tolerance: Annotated[Optional[str], typer.Option(help="--dynamic: kernelbench (default), kernelbench-v0 or robust-kbench.")] = None,  # noqa: UP007,E501
+    tolerance: Annotated[Optional[str], typer.Option(help="--dynamic: kernelbench (default), kernelbench-v0, robust-kbench, kernelbenchx, fastkernels or atrex.")] = None,  # noqa: UP007,E501
     atol: Annotated[Optional[float], typer.Option(help="--dynamic: custom absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
     rtol: Annotated[Optional[float], typer.Option(help="--dynamic: custom relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
@@ -413,7 +413,7 @@ def baseline_write(
 @app.command()
 def problems(
     paths: Annotated[list[Path], typer.Argument(help="KernelBench problem files (class Model, get_inputs, get_init_inputs) or folders of them.")],  # noqa: E501
-    tolerance: Annotated[Optional[str], typer.Option(help="The check to audit: kernelbench (default: 1e-4 fp32, 1e-2 fp16/bf16), kernelbench-v0 (1e-2), robust-kbench (1e-5).")] = None,  # noqa: UP007,E501
+    tolerance: Annotated[Optional[str], typer.Option(help="The check to audit: kernelbench (default: 1e-4 fp32, 1e-2 fp16/bf16), kernelbench-v0 (1e-2), robust-kbench (1e-5), kernelbenchx (1e-5 fp32, 5e-3 fp16/bf16), fastkernels (99 % of elements within 1e-5+1e-3|ref| fp32, 1e-2 fp16/bf16), atrex (atol 1e-2, rtol 0.05 in float64).")] = None,  # noqa: UP007,E501
     atol: Annotated[Optional[float], typer.Option(help="A custom check: absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
     rtol: Annotated[Optional[float], typer.Option(help="A custom check: relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
