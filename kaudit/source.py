@@ -215,7 +215,10 @@ class UnresolvedSource:
 _LOAD_FUNCTIONS = {
     "torch.utils.cpp_extension.load_inline": ("name", "cpp_sources", "cuda_sources", "functions"),
     "torch.utils.cpp_extension.load": ("name", "sources"),
+    # FastKernels' loader: `load_op("name", "kernel.cu")`, sources beside the candidate
+    "fastkernels.infra.cuda_ext.load_op": ("name", "sources"),
 }
+_LOADER_NAMES = frozenset(name.rsplit(".", 1)[1] for name in _LOAD_FUNCTIONS)
 _TRITON_DECORATORS = ("jit", "autotune", "heuristics")
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -278,7 +281,7 @@ class SourceModel:
                 self.bindings.add_assignment(node.target.id, "+=", node.value)
             elif kind is ast.Call:
                 parts = dotted_parts(node.func)
-                if parts and parts[-1] in ("load_inline", "load"):
+                if parts and parts[-1] in _LOADER_NAMES:
                     load_calls.append((node, []))
                 elif isinstance(node.func, ast.Subscript):
                     subscript_calls.append(node)
@@ -311,7 +314,7 @@ class SourceModel:
                     self.bindings.add_assignment(parts[0], "=", node.value)
         if isinstance(node.value, ast.Call):
             parts = dotted_parts(node.value.func)
-            if parts and parts[-1] in ("load_inline", "load"):
+            if parts and parts[-1] in _LOADER_NAMES:
                 load_calls.append((node.value, names))
 
     def memo(self, key: str, build: Callable[[], T]) -> T:

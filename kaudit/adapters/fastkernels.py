@@ -15,7 +15,7 @@ Layouts recognised:
   dtype, status, max_abs_error, matched_ratio, candidate_ms, baseline_ms, speedup}]}): the
   per-shape records become the claim's cases, the geometric mean of the passed shapes' speedups
   its speedup; a failed status is a claim of incorrectness. A kernel takes the records of the
-  bench.json nearest to it in the tree.
+  nearest bench.json in a folder above it (`fastkernels bench --output` in a checkout).
 """
 
 from __future__ import annotations
@@ -196,13 +196,11 @@ class _Adapter:
         return Claim(correctness=True, speedup=number(speedup))
 
     def _cases(self, path: Path, key: tuple[int, str]) -> list[dict[str, Any]]:
-        """The per-shape records of the nearest bench.json that has this kernel."""
+        """The per-shape records of the nearest bench.json above the kernel that has it."""
         best, depth = None, -1
         for folder, records in self.benches:
-            if key in records:
-                common = len(os.path.commonpath([str(folder), str(path)]))
-                if common > depth:
-                    best, depth = records[key], common
+            if key in records and folder in path.parents and len(folder.parts) > depth:
+                best, depth = records[key], len(folder.parts)
         return best or []
 
     # --- files ----------------------------------------------------------------------------
