@@ -121,11 +121,13 @@ class _Adapter:
             results = self.sets.get(folder)
             if results is None:
                 continue
+            reported = set()
             for level, stem in sorted(results.kernels):
                 if not (folder / f"L{level}/{stem}.py").is_file():
+                    reported.add(f"L{level}/{stem}.py")
                     self.problems.add(results.manifest, f"kernel L{level}/{stem}.py is listed "
                                       "with claims but the file is missing")
-            for path in sorted((results.mismatched | results.missing) - results.charged):
+            for path in sorted((results.mismatched | results.missing) - results.charged - reported):
                 what = "is missing" if path in results.missing else \
                     "differs from the manifest's sha256"
                 self.problems.add(folder / path,
