@@ -286,3 +286,20 @@ def test_json_positions():
     for bad in ('{"a": 1,}', '[1 2]', '{"a": 1} x', '{1: 2}'):
         with pytest.raises(ValueError):
             Located(bad)
+
+
+def test_vendored_samples():
+    """The benchmarks' own files: KernelBenchX's 822x record computes its statistics with
+    PyTorch; Atrex-Bench's operator folder is a problem, not a submission."""
+    result = scan_paths([str(BENCHMARKS / "vendored")])
+    assert not result.errors
+    by_task = {v.submission.task: v for v in result.verdicts}
+    claimed = by_task["Fusion/fused_silu_batch_norm.py"]
+    assert (claimed.speedup, claimed.verdict, claimed.reasons) == (822.5223, "rejected", ["KA101"])
+    assert claimed.submission.spec.reference is None  # the task is not in the published set
+    assert by_task["Activation/gelu_bf16.py"].submission.reference.endswith(
+        "Activation/gelu_bf16.py")
+    assert result.files_scanned == 3  # reference.py and input.py of rms_norm are not kernels
+    license_text = (BENCHMARKS / "vendored/atrex-bench/LICENSE").read_text()
+    assert "Apache License" in license_text
+    assert (BENCHMARKS / "vendored/PROVENANCE.md").is_file()
