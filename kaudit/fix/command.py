@@ -31,8 +31,9 @@ def run_fix(paths: list[str], config: Config, select: list[str], *, diff: bool,
     """Fix (or suppress) the findings under `paths`. Returns the exit status: 0 done (or nothing
     to do); 1 with `diff` when something would change, or when a file could not be written.
     Raises FileNotFoundError for a path that does not exist."""
-    items, errors = discover(paths)
-    for error in errors:
+    found = discover(paths)
+    items = found.items
+    for error in found.errors:
         err.write(f"kaudit: {error.path}: {error.message}\n")
     wanted = _wanted(config, select, suppress)
     counts: Counter[str] = Counter()
