@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kaudit import __version__
+from kaudit.adapters import adapt
 from kaudit.baseline import load_baseline, mark_findings
 from kaudit.cache import ResultCache
 from kaudit.config import Config, ConfigError
 from kaudit.discover import WorkItem, by_file, discover
 from kaudit.engine import FileResult, scan_file, scan_text
+from kaudit.entry import MODEL_NEW
 from kaudit.findings import Finding, Level, ScanError
-from kaudit.results import BaselineTimings, ResultTrees, Submission
+from kaudit.results import BaselineTimings, Submission
 from kaudit.verdicts import Verdict, judge, summarize
 
 #: below this many files per worker, starting processes costs more than it saves
@@ -90,9 +92,12 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
     """
     config = config or Config()
     found = discover(list(paths))
-    trees = ResultTrees()
-    items = trees.annotate(found.items, found.claims)
-    report = Report(errors=found.errors + trees.errors)
+    try:
+        adapted = adapt(found, config.benchmark)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    items = adapted.items
+    report = Report(errors=found.errors + adapted.errors)
     try:
         timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
         known = load_baseline(config.baseline) if config.baseline else None
@@ -122,10 +127,14 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
 
 def _scan_item(job: tuple[WorkItem, Config]) -> FileResult:
     item, config = job
+    entry = item.submission.entry if item.submission else MODEL_NEW
     if item.text is not None:
-        return scan_text(item.text, item.display, config) if "ModelNew" in item.text \
+        # a KernelBench record is a kernel when it names ModelNew; another benchmark's adapter
+        # only makes items of its candidates
+        return scan_text(item.text, item.display, config, entry) \
+            if entry != MODEL_NEW or "ModelNew" in item.text \
             else FileResult(item.display, skipped=True)
-    return scan_file(item.file, item.display, item.explicit, config)
+    return scan_file(item.file, item.display, item.explicit, config, entry)
 
 
 def _results(items: list[WorkItem], config: Config, warnings: list[str]

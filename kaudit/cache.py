@@ -50,7 +50,8 @@ class ResultCache:
             except OSError:
                 return None
         digest = hashlib.sha256(self.salt)
-        digest.update(f"\0{item.display}\0{item.explicit}\0".encode())
+        entry = item.submission.entry if item.submission else None
+        digest.update(f"\0{item.display}\0{item.explicit}\0{entry}\0".encode())
         digest.update(data)
         return digest.hexdigest()
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from kaudit import __version__
+from kaudit.adapters.model import BENCHMARKS
 from kaudit.api import Report, scan_paths
 from kaudit.baseline import write_baseline
 from kaudit.config import Config, ConfigError, load_config
@@ -47,6 +48,10 @@ class FailOn(str, enum.Enum):
 
 
 assert tuple(f.value for f in FailOn) == FAIL_ON_CHOICES
+
+
+Benchmark = enum.Enum("Benchmark", {name.replace("-", "_"): name for name in BENCHMARKS},
+                      type=str)
 
 
 class MinLevel(str, enum.Enum):
@@ -96,13 +101,14 @@ def scan(
     baseline: Annotated[Optional[Path], typer.Option(help="Accepted findings (`kaudit baseline write`); only new ones fail.")] = None,  # noqa: UP007,E501
     baseline_timings: Annotated[Optional[Path], typer.Option(help="baseline_time_torch.json, to turn claimed runtimes into speedups.")] = None,  # noqa: UP007,E501
     suspicious_speedup: Annotated[Optional[float], typer.Option(help="Claimed speedups above this are suspicious until confirmed (default 10).")] = None,  # noqa: UP007,E501
+    benchmark: Annotated[Optional[Benchmark], typer.Option(help="Read every path as this benchmark's layout (default: recognise each layout from its files).")] = None,  # noqa: UP007,E501
     cache_dir: Annotated[Path, typer.Option(help="Cache of per-file results, by content.")] = Path(".kaudit_cache"),  # noqa: E501
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")] = False,  # noqa: E501
     dynamic: Annotated[bool, typer.Option("--dynamic", help="Also run each kernel against its reference problem in child processes (needs torch).")] = False,  # noqa: E501
     device: Annotated[str, typer.Option(help="--dynamic: auto, cuda or cpu.")] = "auto",
     problem: Annotated[Optional[Path], typer.Option(help="--dynamic: the reference problem of every kernel scanned.")] = None,  # noqa: UP007,E501
     problems_root: Annotated[Optional[Path], typer.Option("--problems", help="--dynamic: KernelBench problems folder (level1/, level2/, ...) for level_<L>_problem_<P> names.")] = None,  # noqa: UP007,E501
-    tolerance: Annotated[Optional[str], typer.Option(help="--dynamic: kernelbench (default), kernelbench-v0 or robust-kbench.")] = None,  # noqa: UP007,E501
+    tolerance: Annotated[Optional[str], typer.Option(help="--dynamic: kernelbench (default), kernelbench-v0, robust-kbench, kernelbenchx, fastkernels or atrex.")] = None,  # noqa: UP007,E501
     atol: Annotated[Optional[float], typer.Option(help="--dynamic: custom absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
     rtol: Annotated[Optional[float], typer.Option(help="--dynamic: custom relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
@@ -114,7 +120,8 @@ def scan(
     if output_dir is not None:
         _make_folder(output_dir, "--output-dir")
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
-                               suspicious_speedup, None if no_cache else cache_dir)
+                               suspicious_speedup, None if no_cache else cache_dir,
+                               benchmark.value if benchmark else None)
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
                      timeout, scales=scales, jobs=jobs, artifacts=artifacts,
@@ -133,14 +140,15 @@ def scan(
     raise typer.Exit(exit_code(report, threshold))
 
 
-def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir
-              ) -> tuple[Report, Config]:
+def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir,
+              benchmark: str | None = None) -> tuple[Report, Config]:
     try:
         config = load_config().with_options(
             select=_codes(select), ignore=_codes(ignore), jobs=jobs,
             baseline=str(baseline) if baseline else None,
             baseline_timings=str(timings) if timings else None,
-            suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None)
+            suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None,
+            benchmark=benchmark)
     except (ConfigError, ValueError) as exc:
         _usage_error(f"configuration error: {exc}")
     progress = DelayedProgress("scanning")
@@ -405,7 +413,7 @@ def baseline_write(
 @app.command()
 def problems(
     paths: Annotated[list[Path], typer.Argument(help="KernelBench problem files (class Model, get_inputs, get_init_inputs) or folders of them.")],  # noqa: E501
-    tolerance: Annotated[Optional[str], typer.Option(help="The check to audit: kernelbench (default: 1e-4 fp32, 1e-2 fp16/bf16), kernelbench-v0 (1e-2), robust-kbench (1e-5).")] = None,  # noqa: UP007,E501
+    tolerance: Annotated[Optional[str], typer.Option(help="The check to audit: kernelbench (default: 1e-4 fp32, 1e-2 fp16/bf16), kernelbench-v0 (1e-2), robust-kbench (1e-5), kernelbenchx (1e-5 fp32, 5e-3 fp16/bf16), fastkernels (99 % of elements within 1e-5+1e-3|ref| fp32, 1e-2 fp16/bf16), atrex (atol 1e-2, rtol 0.05 in float64).")] = None,  # noqa: UP007,E501
     atol: Annotated[Optional[float], typer.Option(help="A custom check: absolute tolerance (with --rtol).")] = None,  # noqa: UP007,E501
     rtol: Annotated[Optional[float], typer.Option(help="A custom check: relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",

@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kaudit.adapters.model import BENCHMARKS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -51,6 +53,9 @@ class Config:
     baseline: str | None = None
     #: where per-file results are cached by content; None disables the cache
     cache_dir: str | None = None
+    #: the benchmark whose layout to read (`kaudit.adapters.model.BENCHMARKS`); None: recognise
+    #: each layout from its files
+    benchmark: str | None = None
 
     def __post_init__(self) -> None:
         for pattern in (*self.select, *self.ignore,
@@ -58,6 +63,9 @@ class Config:
             normalise_pattern(pattern)
         if self.jobs < 1:
             raise ConfigError("jobs must be at least 1")
+        if self.benchmark is not None and self.benchmark not in BENCHMARKS:
+            raise ConfigError(f"unknown benchmark {self.benchmark!r}; choose one of "
+                              f"{', '.join(BENCHMARKS)}")
 
     def is_enabled(self, code: str) -> bool:
         if any(code_matches(p, code) for p in self.ignore):
@@ -113,7 +121,7 @@ def load_config(start: Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{pyproject}: {exc}") from exc
     table = data.get("tool", {}).get("kaudit", {})
-    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup"}
+    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup", "benchmark"}
     unknown = set(table) - known
     if unknown:
         raise ConfigError(f"{pyproject}: unknown [tool.kaudit] keys: {', '.join(sorted(unknown))}")
@@ -126,6 +134,7 @@ def load_config(start: Path | None = None) -> Config:
         per_file_ignores=tuple((glob, _codes(codes, pyproject)) for glob, codes in per_file.items()),
         jobs=int(table.get("jobs", 1)),
         suspicious_speedup=float(table.get("suspicious-speedup", 10.0)),
+        benchmark=_benchmark(table.get("benchmark"), pyproject),
         root=str(pyproject.parent),
     )
 
@@ -134,3 +143,10 @@ def _codes(value: object, source: Path) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{source}: expected a list of rule codes, got {value!r}")
     return tuple(value)
+
+
+def _benchmark(value: object, source: Path) -> str | None:
+    if value is not None and value not in BENCHMARKS:
+        raise ConfigError(f"{source}: benchmark must be one of {', '.join(BENCHMARKS)}, "
+                          f"got {value!r}")
+    return value  # type: ignore[return-value]

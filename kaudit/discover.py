@@ -48,6 +48,9 @@ class Discovery:
     errors: list[ScanError] = field(default_factory=list)
     #: `eval_results.json` files and `per_problem/` folders met on the way (claims of runs)
     claims: list[str] = field(default_factory=list)
+    #: other `.json` files met on the way: other benchmarks' claims and kernels
+    #: (`kaudit.adapters` decides which are theirs)
+    documents: list[str] = field(default_factory=list)
 
 
 def display_path(path: str) -> str:
@@ -122,6 +125,8 @@ def _walk(root: str, add, found: Discovery) -> int:
                 count += 1
             elif entry.name in CLAIM_NAMES:
                 found.claims.append(entry.path)
+            elif entry.name.endswith(".json"):
+                found.documents.append(entry.path)
         stack.extend(reversed(subfolders))
     return count
 

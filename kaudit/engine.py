@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kaudit.config import Config
+from kaudit.entry import MODEL_NEW, EntryPoint
 from kaudit.findings import Finding, ScanError, assign_fingerprints
 from kaudit.rule import Rule, all_rules, rule_by_code
 from kaudit.source import SourceModel, decode_source, read_source, split_lines
@@ -82,20 +83,23 @@ def _unused_suppression(suppression: Suppression) -> Finding:
                             unused_codes=list(suppression.unused_codes))
 
 
-def scan_text(text: str | bytes, display: str, config: Config) -> FileResult:
+def scan_text(text: str | bytes, display: str, config: Config,
+              entry: EntryPoint = MODEL_NEW) -> FileResult:
     if isinstance(text, bytes):
         decoded, problem = decode_source(text)
-        return check_model(SourceModel(display, decoded, problem), config)
-    return check_model(SourceModel(display, text), config)
+        return check_model(SourceModel(display, decoded, problem, entry), config)
+    return check_model(SourceModel(display, text, entry=entry), config)
 
 
-def scan_file(file: str, display: str, explicit: bool, config: Config) -> FileResult:
-    """One file from disk. Files found by walking a folder are skipped unless they name ModelNew."""
+def scan_file(file: str, display: str, explicit: bool, config: Config,
+              entry: EntryPoint = MODEL_NEW) -> FileResult:
+    """One file from disk. Files found by walking a folder are skipped unless they name ModelNew;
+    a file an adapter named as a benchmark's candidate (another entry point) is always scanned."""
     try:
         text, problem = read_source(Path(file))
-        if text is not None and not explicit and MARKER not in text:
+        if text is not None and not explicit and entry == MODEL_NEW and MARKER not in text:
             return FileResult(display, skipped=True)
-        return check_model(SourceModel(display, text, problem), config)
+        return check_model(SourceModel(display, text, problem, entry), config)
     except Exception as exc:  # never a traceback for one bad file
         return FileResult(display, errors=[ScanError(
             display, f"internal error: {exc.__class__.__name__}: {exc}", internal=True)])

@@ -1,4 +1,5 @@
-"""What `ModelNew.forward` really runs: the functions reachable from it and what each call does.
+"""What the entry point (`ModelNew.forward`, or the function a benchmark calls) really runs: the
+functions reachable from it and what each call does.
 
 Every call on a forward path is put in one of a few kinds (a PyTorch op, the reference `Model`, a
 custom kernel, a helper that is followed further). The fallback and bypass rules are small queries
@@ -72,7 +73,8 @@ class ForwardAnalysis:
         self._kinds_cache: dict[FunctionNode, frozenset[OpKind]] = {}
         self._attrs_cache: dict[ast.ClassDef, dict[str, ast.expr]] = {}
         self.extension_names = self._extension_names()
-        self.forward = methods_of(self.model_new).get("forward") if self.model_new else None
+        self.forward = methods_of(self.model_new).get("forward") if self.model_new \
+            else model.entry_function
         self.reachable: list[FunctionNode] = []
         if self.forward is not None:
             self._collect_reachable(self.forward, self.model_new)

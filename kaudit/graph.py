@@ -205,7 +205,7 @@ def render_text(graph: KernelGraph) -> str:
                 visit(target, depth + 1, seen | {target})
 
     if graph.forward is None:
-        lines.append("no ModelNew.forward")
+        lines.append(f"no {graph.model.entry_name.strip('`')}")
     else:
         loc = graph.location(graph.forward)
         lines.append(f"{graph.label(graph.forward)} [forward] ({loc.path}:{loc.line})")

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kaudit.adapters.model import Candidate, ProblemSpec
 from kaudit.discover import WorkItem, display_path
+from kaudit.entry import MODEL_NEW, EntryPoint
 from kaudit.findings import ScanError
 
 _KERNELBENCH_NAME = re.compile(r"level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
@@ -57,6 +59,14 @@ class Claim:
     speedup: float | None = None
     #: the harness's word for the record, when it has one ("evaluated", "static_failed", ...)
     status: str | None = None
+    #: named speedups besides `speedup` (CUDA-L1's score_default, score_cuda_graph, ...)
+    scores: dict[str, float] = field(default_factory=dict)
+    #: per-size records (FastKernels' bench.json scenarios, Atrex-Bench's shapes)
+    cases: tuple[dict[str, Any], ...] = ()
+    #: the step of an iterative run the claim is about ("round_0_to_round_1"), and what the
+    #: run claimed for the step before (KernelBenchX's `before`)
+    round: str | None = None
+    previous: Claim | None = None
 
     @property
     def failed_status(self) -> bool:
@@ -82,22 +92,55 @@ class Claim:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def extras(self) -> dict[str, Any]:
+        """What a benchmark other than KernelBench claimed besides the common fields; only the
+        fields it set, so KernelBench reports keep their shape."""
+        data: dict[str, Any] = {}
+        if self.scores:
+            data["scores"] = dict(self.scores)
+        if self.cases:
+            data["cases"] = [dict(case) for case in self.cases]
+        if self.round is not None:
+            data["round"] = self.round
+        if self.previous is not None:
+            previous = self.previous
+            data["previous"] = {"compiled": previous.compiled,
+                                "correctness": previous.correctness,
+                                "runtime_ms": previous.runtime_ms, "speedup": previous.speedup}
+        return data
+
 
 @dataclass(frozen=True)
 class Submission:
     """Where a kernel sits in a results tree."""
 
-    layout: str  # "kernelbench-run", "generated-kernels", "paired-folder", "jsonl", "plain"
+    #: "kernelbench-run", "generated-kernels", "paired-folder", "jsonl", "plain", or another
+    #: benchmark's ("kernelbenchx-corpus", "fastkernels-set", "atrex-eval", "cuda-l1-json", ...)
+    layout: str
     run: str | None = None
     level: int | None = None
     problem: int | None = None
     sample: int | None = None
     reference: str | None = None  # display path of the paired reference problem, if any
     claim: Claim = field(default_factory=Claim)
+    #: the benchmark whose layout this is (`kaudit.adapters.model.BENCHMARKS`)
+    benchmark: str = "kernelbench"
+    #: the benchmark's own name for the task, when it is not a level/problem pair
+    task: str | None = None
+    #: what the benchmark calls, and the problem it judges against (for the dynamic pass)
+    candidate: Candidate | None = None
+    spec: ProblemSpec | None = None
+
+    @property
+    def entry(self) -> EntryPoint:
+        return self.candidate.entry if self.candidate else MODEL_NEW
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {name: getattr(self, name) for name in
+                ("layout", "run", "level", "problem", "sample", "reference", "benchmark", "task")}
         data["claim"] = self.claim.to_dict()
+        data["candidate"] = self.candidate.to_dict() if self.candidate else None
+        data["spec"] = self.spec.to_dict() if self.spec else None
         return data
 
 

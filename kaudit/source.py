@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import tree_sitter
 import tree_sitter_cuda
 
+from kaudit.entry import MODEL_NEW, EntryPoint
 from kaudit.findings import Location
 from kaudit.python_scope import Bindings, MappedText, dotted_parts, string_literal_text
 
@@ -214,7 +215,10 @@ class UnresolvedSource:
 _LOAD_FUNCTIONS = {
     "torch.utils.cpp_extension.load_inline": ("name", "cpp_sources", "cuda_sources", "functions"),
     "torch.utils.cpp_extension.load": ("name", "sources"),
+    # FastKernels' loader: `load_op("name", "kernel.cu")`, sources beside the candidate
+    "fastkernels.infra.cuda_ext.load_op": ("name", "sources"),
 }
+_LOADER_NAMES = frozenset(name.rsplit(".", 1)[1] for name in _LOAD_FUNCTIONS)
 _TRITON_DECORATORS = ("jit", "autotune", "heuristics")
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -222,8 +226,11 @@ FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 class SourceModel:
     """Everything the static rules know about one Python kernel file."""
 
-    def __init__(self, path: str, text: str | None, problem: InputProblem | None = None) -> None:
+    def __init__(self, path: str, text: str | None, problem: InputProblem | None = None,
+                 entry: EntryPoint = MODEL_NEW) -> None:
         self.path = path
+        #: what the benchmark calls: `class ModelNew` unless an adapter says otherwise
+        self.entry = entry
         self.text = text or ""
         self.lines = split_lines(self.text)
         self.index = LineIndex(self.text)
@@ -274,7 +281,7 @@ class SourceModel:
                 self.bindings.add_assignment(node.target.id, "+=", node.value)
             elif kind is ast.Call:
                 parts = dotted_parts(node.func)
-                if parts and parts[-1] in ("load_inline", "load"):
+                if parts and parts[-1] in _LOADER_NAMES:
                     load_calls.append((node, []))
                 elif isinstance(node.func, ast.Subscript):
                     subscript_calls.append(node)
@@ -307,7 +314,7 @@ class SourceModel:
                     self.bindings.add_assignment(parts[0], "=", node.value)
         if isinstance(node.value, ast.Call):
             parts = dotted_parts(node.value.func)
-            if parts and parts[-1] in ("load_inline", "load"):
+            if parts and parts[-1] in _LOADER_NAMES:
                 load_calls.append((node.value, names))
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
@@ -357,7 +364,30 @@ class SourceModel:
 
     @property
     def model_new(self) -> ast.ClassDef | None:
-        return self.classes.get("ModelNew")
+        """The entry point's class (`class ModelNew` for KernelBench); None for a function entry."""
+        if not self.entry.may_be_class:
+            return None
+        return next((self.classes[n] for n in self.entry.names if n in self.classes), None)
+
+    @property
+    def entry_function(self) -> FunctionNode | None:
+        """The entry point's function, for benchmarks that call a function (KernelBenchX)."""
+        if not self.entry.may_be_function or self.model_new is not None:
+            return None
+        return next((self.functions[n] for n in self.entry.names if n in self.functions), None)
+
+    @property
+    def entry_name(self) -> str:
+        """How messages name the entry point's forward path: `ModelNew.forward`, `gelu`."""
+        cls, function = self.model_new, self.entry_function
+        if cls is not None or not self.entry.may_be_function:
+            return f"`{cls.name if cls else self.entry.names[0]}.forward`"
+        return f"`{function.name if function else self.entry.names[0]}`"
+
+    def entry_member(self, name: str) -> str:
+        """`ModelNew.__init__`-style names of the entry class's other methods, for messages."""
+        cls = self.model_new
+        return f"`{cls.name if cls else self.entry.names[0]}.{name}`"
 
     @property
     def cuda_units(self) -> list[CudaUnit]:

@@ -43,16 +43,19 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.submission
-        return {
+        data = {
             "path": self.path, "file": self.file or self.path, "run": s.run, "level": s.level,
             "problem": s.problem, "sample": s.sample, "layout": s.layout,
             "reference": s.reference,
             "claimed": {"compiled": s.claim.compiled, "correctness": s.claim.correctness,
                         "trials": s.claim.trials, "runtime_ms": s.claim.runtime_ms,
                         "hardware": s.claim.hardware, "status": s.claim.status,
-                        "speedup": self.speedup},
+                        "speedup": self.speedup, **s.claim.extras()},
             "verdict": self.verdict, "reasons": self.reasons,
         }
+        if s.benchmark != "kernelbench":  # KernelBench verdicts keep their shape
+            data.update(benchmark=s.benchmark, task=s.task)
+        return data
 
 
 def judge(path: str, submission: Submission, findings: Iterable[Finding],

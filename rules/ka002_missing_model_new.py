@@ -12,7 +12,9 @@ class MissingModelNew(Rule):
     ## What it does
     Reports a file named for auditing that does not define `class ModelNew`: it imports it from
     elsewhere, binds the name to something built at run time, or lacks it altogether. Files found
-    while walking a folder that never mention `ModelNew` are skipped and counted instead.
+    while walking a folder that never mention `ModelNew` are skipped and counted instead. For
+    other benchmarks the entry point is theirs (`--benchmark`): the class named like the
+    reference's (FastKernels, Atrex-Bench) or `def <task>` / `def kernel_function` (KernelBenchX).
 
     ## Why is this bad?
     KernelBench-style harnesses instantiate `ModelNew`. When its code is not in the submission,
@@ -31,21 +33,22 @@ class MissingModelNew(Rule):
     tags = ("input",)
 
     def check(self, model: SourceModel) -> Iterable[Finding]:
-        if model.model_new is not None or model.module is None:
+        if model.module is None or model.model_new is not None or model.entry_function is not None:
             return
-        binding = next((node for node in model.nodes if _binds_model_new(node)), None)
+        names = set(model.entry.names)
+        binding = next((node for node in model.nodes if _binds(node, names)), None)
         if binding is None:
             yield self.report(model, Location(model.path),
-                              "no `class ModelNew` in this file; there is nothing to audit")
+                              f"no {model.entry.describe()} in this file; there is nothing to audit")
         else:
             yield self.report(model, binding,
-                              "`ModelNew` is bound here but not defined as a class in this file; "
-                              "kaudit cannot audit code it cannot see")
+                              f"{' or '.join(sorted(f'`{n}`' for n in names))} is bound here but "
+                              "not defined in this file; kaudit cannot audit code it cannot see")
 
 
-def _binds_model_new(node: ast.AST) -> bool:
+def _binds(node: ast.AST, names: set[str]) -> bool:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return any((alias.asname or alias.name.split(".")[-1]) == "ModelNew" for alias in node.names)
+        return any((alias.asname or alias.name.split(".")[-1]) in names for alias in node.names)
     if isinstance(node, ast.Assign):
-        return any(isinstance(t, ast.Name) and t.id == "ModelNew" for t in node.targets)
+        return any(isinstance(t, ast.Name) and t.id in names for t in node.targets)
     return False

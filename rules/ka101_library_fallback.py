@@ -42,8 +42,8 @@ class LibraryFallback(Rule):
     def check(self, model: SourceModel) -> Iterable[Finding]:
         analysis = ForwardAnalysis.of(model)
         for function in analysis.reachable:
-            place = ("`ModelNew.forward`" if function is analysis.forward
-                     else f"`{function.name}` (reached from `ModelNew.forward`)")
+            place = (model.entry_name if function is analysis.forward
+                     else f"`{function.name}` (reached from {model.entry_name})")
             for op in analysis.function_ops(function):
                 if op.kind is OpKind.REFERENCE_OP:
                     yield self.report(model, op.node,

@@ -40,17 +40,18 @@ class InheritanceBypass(Rule):
         inherits = [base for base in cls.bases if is_reference_model_name(model, base)]
         own_forward = bool(methods_of(cls).keys() & {"forward", "__call__"})
         header = model.header_location(cls)
+        name = f"`{cls.name}`"
         if inherits and not own_forward:
             yield self.report(model, header,
-                              "`ModelNew` subclasses the reference `Model` and defines no forward: "
+                              f"{name} subclasses the reference `Model` and defines no forward: "
                               "the reference forward runs")
         elif inherits:
             yield self.report(model, header,
-                              "`ModelNew` subclasses the reference `Model`; its layers and "
+                              f"{name} subclasses the reference `Model`; its layers and "
                               "methods stay one call away from the forward path")
-        elif not own_forward:
+        elif not own_forward and model.entry.kind == "class":  # a callable may use another method
             yield self.report(model, header,
-                              "`ModelNew` defines no forward; calling it runs a base class's forward")
+                              f"{name} defines no forward; calling it runs a base class's forward")
         for function in analysis.reachable:
             for op in analysis.function_ops(function):
                 if op.kind is OpKind.REFERENCE_MODEL:

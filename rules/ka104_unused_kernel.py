@@ -44,7 +44,8 @@ class UnusedKernel(Rule):
         graph = KernelGraph.of(model)
         if graph.forward is None:
             return
-        used = graph.reachable_from(graph.forward) | graph.reachable_from("py:ModelNew.__init__")
+        init = f"py:{model.model_new.name}.__init__" if model.model_new else ""
+        used = graph.reachable_from(graph.forward) | graph.reachable_from(init)
         for node in graph.nodes_of_kind("kernel", "triton", "extension"):
             if node in used:
                 continue
@@ -54,4 +55,4 @@ class UnusedKernel(Rule):
             verb = "calls" if kind == "extension" else "launches"
             yield self.report(model, graph.location(node),
                               f"{what} `{graph.label(node)}` is defined but nothing reachable from "
-                              f"`ModelNew.forward` {verb} it")
+                              f"{model.entry_name} {verb} it")

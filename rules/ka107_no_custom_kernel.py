@@ -58,4 +58,4 @@ class NoCustomKernel(Rule):
         path = ", ".join(f"`{graph.label(n)}`" for n in sorted(called)) or "no extension function"
         yield self.report(model, model.header_location(graph.analysis.forward),
                           f"the file defines custom code ({', '.join(sorted(set(claims))[:4])}) but "
-                          f"`ModelNew.forward` launches no kernel: it calls {path}")
+                          f"{model.entry_name} launches no kernel: it calls {path}")

@@ -166,7 +166,7 @@ class SideStream(Rule):
             if stream.uses_forward and not forward_joined:
                 use, where = min(stream.uses_forward, key=model.line_of), "the forward path"
             elif stream.uses_init and not (forward_joined or init_joined):
-                use, where = min(stream.uses_init, key=model.line_of), "`ModelNew.__init__`"
+                use, where = min(stream.uses_init, key=model.line_of), model.entry_member("__init__")
             if use is None:
                 continue
             yield self.report(

@@ -108,8 +108,8 @@ class OutputCaching(Rule):
                 if resolved not in CACHE_DECORATORS:
                     continue
                 if function is analysis.forward or self._runs_kernel(analysis, function):
-                    what = "`ModelNew.forward`" if function is analysis.forward \
-                        else f"`{function.name}` (reached from `ModelNew.forward`, runs a kernel)"
+                    what = model.entry_name if function is analysis.forward \
+                        else f"`{function.name}` (reached from {model.entry_name}, runs a kernel)"
                     yield self.report(
                         model, decorator,
                         f"`@{first_line(model, decorator, 40)}` memoises {what}: repeated calls "

@@ -169,7 +169,8 @@ class PrecisionDowngrade(Rule):
             if init is not None and init not in functions:
                 functions.append(init)
         for function in functions:
-            where = f"`ModelNew.{function.name}`" if function in own else f"`{function.name}`"
+            where = model.entry_member(function.name) if function in own \
+                else f"`{function.name}`"
             for decorator in function.decorator_list:
                 region = _autocast(model, decorator)
                 if region:

@@ -1,7 +1,14 @@
 """The correctness checks of the benchmark harnesses, as (atol, rtol) per output dtype.
 
-Every harness judges with `torch.allclose(reference, candidate, atol=atol, rtol=rtol)`, that is
-`|reference - candidate| <= atol + rtol * |candidate|` elementwise, NaN never equal.
+KernelBench's harnesses judge with `torch.allclose(reference, candidate, atol=atol, rtol=rtol)`,
+that is `|reference - candidate| <= atol + rtol * |candidate|` elementwise, NaN never equal.
+Other benchmarks differ, and `Tolerance.accepts` is each one's own check:
+- KernelBenchX: `assert_close(candidate, reference)`, rtol relative to |reference|, NaN equal
+  to NaN; exact for integer outputs;
+- FastKernels: in float32, rtol relative to |reference|; the output passes when 99 % of its
+  elements are within tolerance; any NaN or Inf, or an all-zero output for a non-zero
+  reference, fails;
+- Atrex-Bench: `allclose` in float64; exact for integer outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +26,20 @@ class Tolerance:
     rtol: float
     #: per-dtype overrides: dtype name -> (atol, rtol)
     by_dtype: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: the share of elements that must be within tolerance (FastKernels: 0.99)
+    min_matched: float = 1.0
+    #: whose magnitude rtol scales: "candidate" (torch.allclose(reference, candidate)) or
+    #: "reference" (assert_close(candidate, reference), FastKernels' bound)
+    relative_to: str = "candidate"
+    #: the dtype both are compared in; None: the reference's
+    compare_in: str | None = None
+    #: NaN in both at the same place counts as equal (assert_close's equal_nan=True)
+    equal_nan: bool = False
+    #: FastKernels' sanity rules: any NaN/Inf fails, an all-zero output for a non-zero reference
+    #: fails
+    strict_values: bool = False
+    #: integer and bool outputs must be equal (KernelBenchX, Atrex-Bench)
+    exact_integers: bool = False
 
     def for_dtype(self, dtype: str) -> tuple[float, float]:
         return self.by_dtype.get(dtype.removeprefix("torch."), (self.atol, self.rtol))
@@ -32,8 +53,46 @@ class Tolerance:
         return text
 
     def to_dict(self) -> dict:
-        return {"preset": self.name, "atol": self.atol, "rtol": self.rtol,
+        data = {"preset": self.name, "atol": self.atol, "rtol": self.rtol,
                 "by_dtype": {d: {"atol": a, "rtol": r} for d, (a, r) in self.by_dtype.items()}}
+        if self.min_matched < 1.0:
+            data["min_matched"] = self.min_matched
+        return data
+
+    def matched(self, reference, candidate) -> float:
+        """The share of elements within this check's bound (1.0 for empty outputs); NaN and Inf
+        are never within it unless `equal_nan` pairs them."""
+        import torch  # the dynamic pass's dependency; presets are plain data without it
+
+        atol, rtol = self.for_dtype(str(reference.dtype))
+        if not (reference.is_floating_point() or reference.is_complex()):
+            if self.exact_integers:
+                atol = rtol = 0.0
+            reference, candidate = reference.double(), candidate.double()
+        dtype = getattr(torch, self.compare_in) if self.compare_in else reference.dtype
+        ref, out = reference.to(dtype), candidate.to(dtype)
+        if ref.numel() == 0:
+            return 1.0
+        scale = ref if self.relative_to == "reference" else out
+        within = (out - ref).abs() <= atol + rtol * scale.abs()
+        if self.equal_nan:
+            within = within | (torch.isnan(ref) & torch.isnan(out))
+        return float(within.double().mean())
+
+    def accepts(self, reference, candidate) -> bool:
+        """This benchmark's verdict on one output (same shapes assumed; a shape mismatch fails
+        every check and is the caller's to report)."""
+        import torch
+
+        if reference.shape != candidate.shape:
+            return False
+        if self.strict_values and reference.numel():
+            ref, out = reference.double(), candidate.double()
+            if not (bool(torch.isfinite(ref).all()) and bool(torch.isfinite(out).all())):
+                return False
+            if bool(ref.ne(0).any()) and not bool(out.ne(0).any()):
+                return False
+        return self.matched(reference, candidate) >= self.min_matched
 
 
 PRESETS: dict[str, Tolerance] = {
@@ -43,6 +102,19 @@ PRESETS: dict[str, Tolerance] = {
     "kernelbench": Tolerance("kernelbench", 1e-4, 1e-4,
                              {d: (1e-2, 1e-2) for d in HALF_DTYPES}),
     "robust-kbench": Tolerance("robust-kbench", 1e-5, 1e-5),
+    # KernelBenchX EVAL/1_exe_acc.py: assert_close(candidate, reference, equal_nan=True);
+    # integers exact. (Tasks with precision_thresholds use cosine/L1/RMSE instead.)
+    "kernelbenchx": Tolerance("kernelbenchx", 1e-5, 1e-5, {d: (5e-3, 5e-3) for d in HALF_DTYPES},
+                              relative_to="reference", equal_nan=True, exact_integers=True),
+    # FastKernels bench.py: per-dtype bound on float32 copies, 99 % of elements must match
+    "fastkernels": Tolerance("fastkernels", 1e-2, 1e-2,
+                             {"float32": (1e-5, 1e-3), "float64": (1e-5, 1e-3),
+                              **{d: (1e-2, 1e-2) for d in HALF_DTYPES},
+                              **{d: (0.125, 0.125) for d in ("float8_e4m3fn", "float8_e5m2")}},
+                             min_matched=0.99, relative_to="reference", compare_in="float32",
+                             strict_values=True),
+    # Atrex-Bench eval/correctness.py: allclose in float64, integers exact
+    "atrex": Tolerance("atrex", 1e-2, 5e-2, compare_in="float64", exact_integers=True),
 }
 DEFAULT_PRESET = "kernelbench"
 
