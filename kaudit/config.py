@@ -15,6 +15,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+#: what a submission may keep in PyTorch: `kernelbench` (some operators, when custom kernels do
+#: real work; the rest is listed by KA108) or `strict` (nothing: every PyTorch op is an error)
+POLICIES = ("kernelbench", "strict")
+
+
 class ConfigError(ValueError):
     """A configuration value kaudit cannot use (reported as a usage error)."""
 
@@ -51,6 +56,8 @@ class Config:
     baseline: str | None = None
     #: where per-file results are cached by content; None disables the cache
     cache_dir: str | None = None
+    #: one of POLICIES
+    policy: str = "kernelbench"
 
     def __post_init__(self) -> None:
         for pattern in (*self.select, *self.ignore,
@@ -58,6 +65,8 @@ class Config:
             normalise_pattern(pattern)
         if self.jobs < 1:
             raise ConfigError("jobs must be at least 1")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
 
     def is_enabled(self, code: str) -> bool:
         if any(code_matches(p, code) for p in self.ignore):
@@ -84,7 +93,7 @@ class Config:
 
     def cache_key(self) -> str:
         """The options that change what a scan of one file reports."""
-        return repr((self.select, self.ignore, self.per_file_ignores, self.root))
+        return repr((self.select, self.ignore, self.per_file_ignores, self.root, self.policy))
 
 
 def _relative_posix(path: str, root: str) -> str:
@@ -113,7 +122,7 @@ def load_config(start: Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{pyproject}: {exc}") from exc
     table = data.get("tool", {}).get("kaudit", {})
-    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup"}
+    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup", "policy"}
     unknown = set(table) - known
     if unknown:
         raise ConfigError(f"{pyproject}: unknown [tool.kaudit] keys: {', '.join(sorted(unknown))}")
@@ -126,6 +135,7 @@ def load_config(start: Path | None = None) -> Config:
         per_file_ignores=tuple((glob, _codes(codes, pyproject)) for glob, codes in per_file.items()),
         jobs=int(table.get("jobs", 1)),
         suspicious_speedup=float(table.get("suspicious-speedup", 10.0)),
+        policy=str(table.get("policy", "kernelbench")),
         root=str(pyproject.parent),
     )
 

@@ -79,8 +79,8 @@ def _unused_suppression(suppression: Suppression) -> Finding:
 def scan_text(text: str | bytes, display: str, config: Config) -> FileResult:
     if isinstance(text, bytes):
         decoded, problem = decode_source(text)
-        return check_model(SourceModel(display, decoded, problem), config)
-    return check_model(SourceModel(display, text), config)
+        return check_model(SourceModel(display, decoded, problem, config.policy), config)
+    return check_model(SourceModel(display, text, policy=config.policy), config)
 
 
 def scan_file(file: str, display: str, explicit: bool, config: Config) -> FileResult:
@@ -89,7 +89,7 @@ def scan_file(file: str, display: str, explicit: bool, config: Config) -> FileRe
         text, problem = read_source(Path(file))
         if text is not None and not explicit and MARKER not in text:
             return FileResult(display, skipped=True)
-        return check_model(SourceModel(display, text, problem), config)
+        return check_model(SourceModel(display, text, problem, config.policy), config)
     except Exception as exc:  # never a traceback for one bad file
         return FileResult(display, errors=[ScanError(
             display, f"internal error: {exc.__class__.__name__}: {exc}", internal=True)])

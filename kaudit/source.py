@@ -222,8 +222,11 @@ FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 class SourceModel:
     """Everything the static rules know about one Python kernel file."""
 
-    def __init__(self, path: str, text: str | None, problem: InputProblem | None = None) -> None:
+    def __init__(self, path: str, text: str | None, problem: InputProblem | None = None,
+                 policy: str = "kernelbench") -> None:
         self.path = path
+        #: the scan's policy (`kaudit.config.POLICIES`): what a submission may keep in PyTorch
+        self.policy = policy
         self.text = text or ""
         self.lines = split_lines(self.text)
         self.index = LineIndex(self.text)
@@ -357,7 +360,16 @@ class SourceModel:
 
     @property
     def model_new(self) -> ast.ClassDef | None:
-        return self.classes.get("ModelNew")
+        """`class ModelNew`, or the class `ModelNew = SomeClass` binds at module level."""
+        found = self.classes.get("ModelNew")
+        if found is None and self.module is not None:
+            for statement in self.module.body:
+                if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name) \
+                        and statement.value.id in self.classes and any(
+                            isinstance(t, ast.Name) and t.id == "ModelNew"
+                            for t in statement.targets):
+                    found = self.classes[statement.value.id]
+        return found
 
     @property
     def cuda_units(self) -> list[CudaUnit]:

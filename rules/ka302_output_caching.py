@@ -59,8 +59,10 @@ class OutputCaching(Rule):
       path is not preceded, in the same function, by copying the inputs into the graph's static
       buffers (`static_x.copy_(x)` or `static_x[...] = x`).
     Caching a compiled extension, weights transposed once, kernels or configurations keyed by
-    dtype or shape, and output buffers reused across calls (and written by a kernel each call) are
-    not reported.
+    dtype or shape, and output buffers reused across calls are not reported when every call
+    writes them before returning them: handed to a kernel, `torch.op(..., out=buf)`,
+    `buf.copy_(...)`, an in-place method (`buf.addmm_(...)`) or `buf[...] = ...`, outside any
+    branch the return is not also in (a write made only on the first call does not count).
 
     ## Why is this bad?
     Harnesses run the kernel on the same inputs several times (warm-up, correctness trials, timed
@@ -192,7 +194,8 @@ class OutputCaching(Rule):
                     if not conditional and not (own and all(_inside_branch(s[1], parents)
                                                              for s in own)):
                         continue
-                    if _consumed(read, ret, analysis.function_ops(function)):
+                    if _consumed(read, ret, analysis.function_ops(function)) \
+                            or _rewritten(read, ret, function, parents):
                         continue
                     reported.add(id(read.node))
                     store = stores[read.key][0][1]
@@ -427,6 +430,63 @@ def _consumed(read: _Read, ret: ast.Return, ops: list[Op]) -> bool:
         if any(ast.dump(a) in wanted for a in arguments):
             return True
     return False
+
+
+def _rewritten(read: _Read, ret: ast.Return, function: FunctionNode,
+               parents: dict[int, ast.AST]) -> bool:
+    """The returned attribute is written on every path that reaches the return, before it:
+    `torch.op(..., out=self.buf)`, `self.buf.copy_(...)`, `self.buf.add_(...)`, `self.buf[...] =
+    ...`, or `self.out = ...` just computed. A write under a branch the return is not also in (a
+    first-call warm-up, `if self.out is None: self.out = ...`) does not count."""
+    if read.index is not None:
+        return False  # a lookup in a cache keyed on the inputs
+    keys = {read.key} | ({read.via.id} if isinstance(read.via, ast.Name) else set())
+    needed = _branches(ret, parents)
+    for node in _walk(function.body):
+        if getattr(node, "lineno", ret.lineno + 1) > ret.lineno:
+            continue
+        written = False
+        if isinstance(node, ast.Call):
+            out = next((k.value for k in node.keywords if k.arg == "out"), None)
+            method = method_name(node)
+            receiver = dotted_parts(node.func.value) if isinstance(node.func, ast.Attribute) \
+                else None
+            written = (out is not None and _names(out, keys)) or (
+                receiver is not None and ".".join(receiver) in keys and method is not None
+                and method.endswith("_") and not method.startswith("_")
+                and method not in ("zero_", "fill_", "detach_", "requires_grad_"))
+        elif isinstance(node, ast.Assign):  # `self.buf[...] = v`, or `self.out = fresh` then return
+            written = any((isinstance(t, ast.Subscript) and _names(t.value, keys))
+                          or _names(t, {read.key}) for t in node.targets)
+        if written and _branches(node, parents) <= needed:
+            return True
+    return False
+
+
+def _names(expr: ast.AST, keys: set[str]) -> bool:
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    parts = dotted_parts(expr)
+    return parts is not None and ".".join(parts) in keys
+
+
+def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[int, str]]:
+    """The branches a node runs under: (conditional statement, which of its parts)."""
+    found: set[tuple[int, str]] = set()
+    child, current = node, parents.get(id(node))
+    while current is not None:
+        if isinstance(current, (ast.If, ast.IfExp, ast.While, ast.For, ast.ExceptHandler,
+                                ast.match_case)):
+            part = next((name for name in ("body", "orelse", "test", "iter")
+                         if _holds(getattr(current, name, None), child)), "")
+            if part in ("body", "orelse"):
+                found.add((id(current), part))
+        child, current = current, parents.get(id(current))
+    return found
+
+
+def _holds(field: object, child: ast.AST) -> bool:
+    return field is child or (isinstance(field, list) and any(item is child for item in field))
 
 
 def _keyed(model: SourceModel, read: _Read, function: FunctionNode) -> str:
