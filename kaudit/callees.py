@@ -65,13 +65,22 @@ _NO_DESCENT = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 def body_nodes(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Nodes of a function body, not entering nested functions, lambdas or classes."""
+    """Nodes of a function body in source order, not entering nested functions, lambdas or
+    classes. (Reads `_fields` directly: this walk is on the hot path of every scan.)"""
     stack = list(reversed(nodes))
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, _NO_DESCENT):
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+        if isinstance(node, _NO_DESCENT):
+            continue
+        children: list[ast.AST] = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value.__class__ is list:
+                children.extend(item for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST):
+                children.append(value)
+        stack.extend(reversed(children))
 
 
 def methods_of(cls: ast.ClassDef) -> dict[str, FunctionNode]:
@@ -91,6 +100,8 @@ class Callees:
         self._locals: dict[int, dict[str, list[ast.AST]]] = {}
         self._enclosing: dict[int, FunctionNode] | None = None
         self._active: set[tuple[str, int, str]] = set()
+        self._held: dict[tuple[int, int, int], frozenset[Held]] = {}
+        self._resolving: set[tuple[int, int, int]] = set()
         self._classes_of: dict[int, ast.ClassDef] = {}
         for cls in model.classes.values():
             for method in methods_of(cls).values():
@@ -140,8 +151,24 @@ class Callees:
 
     def held_by(self, expr: ast.AST, cls: ast.ClassDef | None,
                 function: FunctionNode | None, depth: int = 0) -> frozenset[Held]:
-        if depth > _MAX_DEPTH:
+        """What `expr`, written in `function` (a method of `cls`), may hold. Memoised; an
+        expression met again while it is being resolved (`x = x.view(...)`) adds nothing."""
+        key = (id(expr), id(cls), id(function))
+        known = self._held.get(key)
+        if known is not None:
+            return known
+        if depth > _MAX_DEPTH or key in self._resolving:
             return frozenset()
+        self._resolving.add(key)
+        try:
+            result = self._held_by(expr, cls, function, depth)
+        finally:
+            self._resolving.discard(key)
+        self._held[key] = result
+        return result
+
+    def _held_by(self, expr: ast.AST, cls: ast.ClassDef | None,
+                 function: FunctionNode | None, depth: int) -> frozenset[Held]:
         found: set[Held] = set()
         if isinstance(expr, ast.Name):
             found |= self._name(expr, cls, function, depth)
@@ -351,7 +378,7 @@ class Callees:
     def attribute_names_of(self, cls: ast.ClassDef) -> set[str]:
         names: set[str] = set()
         for owner in self.bases(cls):
-            for _method, target, _value in self._self_stores(owner):
+            for _method, target, _value in self.self_stores(owner):
                 names.add(target)
         return names
 
@@ -367,7 +394,7 @@ class Callees:
         found: set[Held] = set()
         try:
             for owner in self.bases(cls):
-                for method, target, value in self._self_stores(owner):
+                for method, target, value in self.self_stores(owner):
                     if target == name or (target.endswith("*") and name.startswith(target[:-1])):
                         found |= self.held_by(value, cls, method, depth + 1)
         finally:
@@ -376,7 +403,7 @@ class Callees:
         self._attributes[key] = result
         return result
 
-    def _self_stores(self, cls: ast.ClassDef) -> list[tuple[FunctionNode | None, str, ast.AST]]:
+    def self_stores(self, cls: ast.ClassDef) -> list[tuple[FunctionNode | None, str, ast.AST]]:
         """(method, attribute name, value) for each value a class stores on `self`: assignments,
         `setattr`/`add_module`/`register_module`, and `self.layers.append(...)`-style additions
         to a container attribute. An f-string name is kept as its literal prefix plus `*`."""
@@ -414,7 +441,9 @@ class Callees:
             names = self.attribute_names(call.args[1], method)
             return (names[0], call.args[2]) if len(names) == 1 else None
         if len(parts) == 2 and parts[0] == "self" and parts[1] in ("add_module",
-                                                                    "register_module") \
+                                                                    "register_module",
+                                                                    "register_buffer",
+                                                                    "register_parameter") \
                 and len(call.args) >= 2:
             names = self.attribute_names(call.args[0], method)
             return (names[0], call.args[1]) if len(names) == 1 else None

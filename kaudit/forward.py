@@ -407,14 +407,19 @@ class ForwardAnalysis:
         resolved = self.model.bindings.resolve(func) or ""
         if resolved.startswith("torch."):
             rest = resolved[len("torch."):]
+            if resolved.startswith(("torch.nn.functional.", "torch.linalg.", "torch.fft.",
+                                    "torch.special.")):
+                return True
             return "." not in rest and rest not in _NOT_TENSOR and not rest[:1].isupper() \
                 and not rest.startswith(("is_", "get_", "set_", "_"))
+        kinds = {op.kind for op in self.classify_all(call, cls, function)}
+        if kinds & {OpKind.CUSTOM_KERNEL, OpKind.REFERENCE_OP}:
+            return True
         if isinstance(func, ast.Attribute) and not resolved and \
-                (func.attr in _TENSOR_RESULT_METHODS or func.attr in TENSOR_COMPUTE_METHODS
+                (func.attr in _TENSOR_RESULT_METHODS
                  or (func.attr.endswith("_") and not func.attr.startswith("_"))):
             return self.is_tensor(func.value, cls, function, depth + 1)
-        kinds = {op.kind for op in self.classify_all(call, cls, function)}
-        return bool(kinds & {OpKind.CUSTOM_KERNEL, OpKind.REFERENCE_OP})
+        return False
 
     def _tensor_name(self, name: ast.Name, cls: ast.ClassDef | None,
                      function: FunctionNode | None, depth: int) -> bool:
@@ -439,19 +444,13 @@ class ForwardAnalysis:
         """`self.weight = nn.Parameter(...)`, `self.register_buffer("w", ...)`, a tensor made
         by `torch.*`."""
         for owner in self.callees.bases(cls):
-            for method in methods_of(owner).values():
-                for node in body_nodes(method.body):
-                    if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and any(
-                            dotted_parts(t) == ["self", attribute] for t in node.targets):
-                        resolved = self.model.bindings.resolve(node.value.func) or ""
-                        if resolved in ("torch.nn.Parameter", "torch.nn.parameter.Parameter") \
-                                or self._tensor_call(node.value, None, method, 10):
-                            return True
-                    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                            and node.func.attr == "register_buffer" and node.args \
-                            and isinstance(node.args[0], ast.Constant) \
-                            and node.args[0].value == attribute:
-                        return True
+            for method, name, value in self.callees.self_stores(owner):
+                if name != attribute or not isinstance(value, ast.Call):
+                    continue
+                resolved = self.model.bindings.resolve(value.func) or ""
+                if resolved in ("torch.nn.Parameter", "torch.nn.parameter.Parameter") \
+                        or self._tensor_call(value, None, method, 10):
+                    return True
         return False
 
     # --- modules installed into a library model ---------------------------------------------

@@ -70,8 +70,10 @@ class LibraryFallback(Rule):
                 return  # a partial replacement: KA108 lists what stays in PyTorch
             why = f" ({work.describe()})"
         for function in analysis.reachable:
+            owner = analysis.class_of(function)
+            name = f"{owner.name}.{function.name}" if owner is not None else function.name
             place = ("`ModelNew.forward`" if function is analysis.forward
-                     else f"`{function.name}` (reached from `ModelNew.forward`)")
+                     else f"`{name}` (reached from `ModelNew.forward`)")
             for op in analysis.function_ops(function):
                 if op.kind is OpKind.REFERENCE_OP:
                     yield self.report(model, op.node,

@@ -124,16 +124,18 @@ class OutputNotFromKernel(Rule):
                     if any(n.attr in stored for n in ast.walk(argument)
                            if isinstance(n, ast.Attribute)):
                         return
-                    if not (names_in(argument) & inputs and analysis.is_tensor(argument, None,
-                                                                               forward)):
+                    if not names_in(argument) & inputs:
                         continue
-                    if position >= len(params) or "Tensor" not in params[position][1]:
+                    if position >= len(params):
                         return
-                    uses = _data_uses(host, params[position][0])
+                    name, type_text = params[position]
+                    if "Tensor" not in type_text:
+                        continue  # a size or a flag computed from the input's shape
+                    uses = _data_uses(host, name)
                     if uses is None:
                         return  # the host function reads this input's data
                     shown = ", ".join(f"`{u}`" for u in uses[:2]) or "nothing"
-                    evidence.append(f"`{params[position][0]}` (uses {shown})")
+                    evidence.append(f"`{name}` (uses {shown})")
         statement = flows[0].statement
         what = "; ".join(dict.fromkeys(evidence)) or "none of forward's inputs are passed to it"
         yield self.report(model, statement,

@@ -194,7 +194,7 @@ class OutputCaching(Rule):
                     if not conditional and not (own and all(_inside_branch(s[1], parents)
                                                              for s in own)):
                         continue
-                    if _consumed(read, ret, analysis.function_ops(function)) \
+                    if _consumed(read, ret, analysis.function_ops(function), parents) \
                             or _rewritten(read, ret, function, parents):
                         continue
                     reported.add(id(read.node))
@@ -414,9 +414,10 @@ def _module_names(model: SourceModel) -> set[str]:
     return model.memo("module-names", build)
 
 
-def _consumed(read: _Read, ret: ast.Return, ops: list[Op]) -> bool:
-    """The returned buffer is handed to a kernel (or a helper) before it is returned, so it is
-    a reused output buffer, not a stored answer."""
+def _consumed(read: _Read, ret: ast.Return, ops: list[Op], parents: dict[int, ast.AST]) -> bool:
+    """The returned buffer is handed to a kernel (or a helper) before it is returned, on every
+    path that reaches the return, so it is a reused output buffer, not a stored answer."""
+    needed = _branches(ret, parents)
     wanted = {ast.dump(read.node)}
     if read.via is not None:
         wanted.add(ast.dump(read.via))
@@ -427,7 +428,8 @@ def _consumed(read: _Read, ret: ast.Return, ops: list[Op]) -> bool:
         if line > ret.lineno or (read.via is not None and line < read.node.lineno):
             continue
         arguments = [*op.node.args, *(k.value for k in op.node.keywords)]
-        if any(ast.dump(a) in wanted for a in arguments):
+        if any(ast.dump(a) in wanted for a in arguments) and \
+                _branches(op.node, parents) <= needed:
             return True
     return False
 
