@@ -29,6 +29,7 @@ class Kind(enum.Enum):
     EXTENSION_FUNCTION = "extension-function"  # a function of a compiled extension
     FUNCTION = "function"  # a function or method defined in the file (a closure too)
     INSTANCE = "instance"  # an instance of a class defined in the file
+    CLASS = "class"  # a class defined in the file, not yet instantiated
     TORCH_MODULE = "torch-module"  # an nn module that computes (nn.Linear, nn.LSTM)
     TORCH_FUNCTION = "torch-function"  # a PyTorch compute function held in a variable
     LIBRARY_MODEL = "library-model"  # a model from transformers, torchvision, timm...
@@ -103,9 +104,10 @@ class Callees:
         self._held: dict[tuple[int, int, int], frozenset[Held]] = {}
         self._resolving: set[tuple[int, int, int]] = set()
         self._classes_of: dict[int, ast.ClassDef] = {}
-        for cls in model.classes.values():
-            for method in methods_of(cls).values():
-                self._classes_of[id(method)] = cls
+        for cls in model.nodes:  # classes defined inside functions too
+            if isinstance(cls, ast.ClassDef):
+                for method in methods_of(cls).values():
+                    self._classes_of[id(method)] = cls
 
     # --- classes ----------------------------------------------------------------------------
 
@@ -210,14 +212,23 @@ class Callees:
                 for value in values:
                     if isinstance(value, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         found.add(Held(Kind.FUNCTION, value.name, value))
+                    elif isinstance(value, ast.ClassDef):
+                        found.add(Held(Kind.CLASS, value.name, value))
                     else:
                         scope = self.enclosing_function(value) or function
                         found |= self.held_by(value, cls, scope, depth + 1)
                 return found
+            if name in _parameter_names(function):
+                return self._parameter(function, name, depth)
+            outer = self.enclosing_function(function)
+            if outer is not None:  # a closure reads its enclosing function's names
+                return self._name(expr, cls, outer, depth + 1)
         if name in self.extension_names:
             return {Held(Kind.EXTENSION_MODULE, name)}
         if name in model.functions:
             return {Held(Kind.FUNCTION, name, model.functions[name])}
+        if name in model.classes and not self.is_reference(expr):
+            return {Held(Kind.CLASS, name, model.classes[name])}
         resolved = model.bindings.resolve(expr)
         if resolved is not None and name in model.bindings.qualified:
             return self._qualified(resolved)
@@ -232,6 +243,61 @@ class Callees:
         finally:
             self._active.discard(key)
         return found
+
+    def _parameter(self, function: FunctionNode, name: str, depth: int) -> set[Held]:
+        """What a parameter may hold: the arguments every call of `function` in the file passes
+        in its place (`self._make_layer(BasicBlock, 64)` binds `block` to `BasicBlock`)."""
+        found: set[Held] = set()
+        for argument, caller, caller_cls in self._arguments_for(function, name):
+            found |= self.held_by(argument, caller_cls, caller, depth + 1)
+        return found
+
+    def _arguments_for(self, function: FunctionNode, name: str
+                       ) -> list[tuple[ast.AST, FunctionNode | None, ast.ClassDef | None]]:
+        key = f"arguments:{id(function)}:{name}"
+
+        def build() -> list[tuple[ast.AST, FunctionNode | None, ast.ClassDef | None]]:
+            args = function.args
+            positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+            if self.class_of(function) is not None and positional[:1] in (["self"], ["cls"]):
+                positional = positional[1:]
+            position = positional.index(name) if name in positional else None
+            owner = self.class_of(function)
+            constructs = function.name == "__init__" and owner is not None
+            found = []
+            for node in self.model.nodes:
+                if not isinstance(node, ast.Call):
+                    continue
+                callee = node.func
+                called = callee.attr if isinstance(callee, ast.Attribute) else \
+                    callee.id if isinstance(callee, ast.Name) else None
+                if called is None:
+                    continue
+                if constructs:  # `Block(...)`, or `block(...)` with `block` holding the class
+                    if called != owner.name and not self._constructs(node, owner):
+                        continue
+                elif called != function.name:
+                    continue
+                argument = next((k.value for k in node.keywords if k.arg == name), None)
+                if argument is None and position is not None and position < len(node.args) \
+                        and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
+                    argument = node.args[position]
+                if argument is not None:
+                    caller = self.enclosing_function(node)
+                    found.append((argument, caller,
+                                  self.class_of(caller) if caller is not None else None))
+            return found
+
+        return self.model.memo(key, build)
+
+    def _constructs(self, call: ast.Call, cls: ast.ClassDef) -> bool:
+        """`call` builds an instance of `cls` through a name that holds the class."""
+        if self.model.bindings.resolve(call.func) is not None:
+            return False
+        caller = self.enclosing_function(call)
+        owner = self.class_of(caller) if caller is not None else None
+        return any(h.kind is Kind.CLASS and h.node is cls
+                   for h in self.held_by(call.func, owner, caller))
 
     @staticmethod
     def _qualified(resolved: str) -> set[Held]:
@@ -264,6 +330,10 @@ class Callees:
         """What `obj.attr` holds when `obj` holds `held`."""
         if held.kind is Kind.EXTENSION_MODULE:
             return {Held(Kind.EXTENSION_FUNCTION, attr)}
+        if held.kind is Kind.CLASS and isinstance(held.node, ast.ClassDef):
+            # `Fn.apply` of a torch.autograd.Function runs its forward; `Cls.method` is a method
+            method = self.methods(held.node).get("forward" if attr == "apply" else attr)
+            return {Held(Kind.FUNCTION, f"{held.node.name}.{attr}", method)} if method else set()
         if held.kind is Kind.INSTANCE and isinstance(held.node, ast.ClassDef):
             found = set(self.attribute(held.node, attr, depth + 1))
             method = self.methods(held.node).get(attr)
@@ -316,6 +386,8 @@ class Callees:
             return {Held(Kind.LIBRARY_MODEL, model.code_of(func))}
         found: set[Held] = set()
         for held in self.held_by(func, cls, function, depth + 1):
+            if held.kind is Kind.CLASS:
+                found.add(Held(Kind.INSTANCE, held.name, held.node))
             if held.kind is Kind.FUNCTION and isinstance(held.node, (ast.FunctionDef,
                                                                      ast.AsyncFunctionDef)):
                 owner = self.class_of(held.node)
@@ -484,7 +556,8 @@ class Callees:
                 bind(node.optional_vars, node.context_expr)
             elif isinstance(node, ast.NamedExpr):
                 bind(node.target, node.value)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not function:
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and node is not function:
                 values.setdefault(node.name, []).append(node)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and isinstance(node.func.value, ast.Name) and node.args \
@@ -513,6 +586,11 @@ class Callees:
         result = frozenset(found)
         self._returns[key] = result
         return result
+
+
+def _parameter_names(function: FunctionNode) -> set[str]:
+    args = function.args
+    return {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
 
 
 def _target_elements(target: ast.AST) -> list[ast.AST]:

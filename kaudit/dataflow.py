@@ -89,17 +89,30 @@ class ReturnTracer:
         self.model = analysis.model
         #: helpers being traced: a helper reached again (recursion) adds nothing
         self._active: set[int] = set()
+        # memoised per file: a helper's flows, a name's producers at a line, a function's facts
+        self._flows: dict[int, list[ReturnFlow]] = {}
+        self._names: dict[tuple[int, str, int], list[Producer]] = {}
+        self._facts: dict[int, _FunctionFacts] = {}
 
     def flows(self, function: FunctionNode, depth: int = 0) -> list[ReturnFlow]:
-        if id(function) in self._active:
+        key = id(function)
+        if key in self._flows:
+            return self._flows[key]
+        if key in self._active:
             return []
-        self._active.add(id(function))
+        self._active.add(key)
         try:
-            return [ReturnFlow(node, tuple(self._producers(node.value, function, depth)))
-                    for node in body_nodes(function.body)
-                    if isinstance(node, ast.Return) and node.value is not None]
+            found = [ReturnFlow(node, tuple(self._producers(node.value, function, depth)))
+                     for node in self._facts_of(function).returns]
         finally:
-            self._active.discard(id(function))
+            self._active.discard(key)
+        self._flows[key] = found
+        return found
+
+    def _facts_of(self, function: FunctionNode) -> _FunctionFacts:
+        if id(function) not in self._facts:
+            self._facts[id(function)] = _FunctionFacts(function)
+        return self._facts[id(function)]
 
     def _producers(self, expr: ast.AST, function: FunctionNode, depth: int) -> list[Producer]:
         if depth > _MAX_DEPTH:
@@ -189,7 +202,15 @@ class ReturnTracer:
 
     def _name_producers(self, expr: ast.Name | ast.Attribute, key: str, function: FunctionNode,
                         depth: int) -> list[Producer]:
-        reaching = _reaching_assignments(function, key, expr.lineno)
+        memo = (id(function), key, expr.lineno)
+        if memo not in self._names:
+            self._names[memo] = [Producer(Source.UNKNOWN, expr, key)]  # a cycle decides nothing
+            self._names[memo] = self._trace_name(expr, key, function, depth)
+        return self._names[memo]
+
+    def _trace_name(self, expr: ast.Name | ast.Attribute, key: str, function: FunctionNode,
+                    depth: int) -> list[Producer]:
+        reaching = self._facts_of(function).reaching(key, expr.lineno)
         if not reaching:
             if key.startswith("self."):
                 return self._stored_producers(expr, key, function, depth)
@@ -219,9 +240,10 @@ class ReturnTracer:
                 depth: int) -> list[Producer]:
         """Producers of what `function` writes into `key` (or a view of it) between two lines."""
         owner = self.analysis.owner.get(function)
-        keys = _views_of(function, key)
+        facts = self._facts_of(function)
+        keys = facts.views_of(key)
         found: list[Producer] = []
-        for node in body_nodes(function.body):
+        for node in facts.nodes:
             if not since <= getattr(node, "lineno", since) <= before:
                 continue
             if isinstance(node, ast.Assign):
@@ -250,7 +272,7 @@ class ReturnTracer:
             if any(_mentions(argument, keys) for argument in arguments):
                 ops = self.analysis.classify_all(node, owner, function)
                 if any(op.kind in (OpKind.CUSTOM_KERNEL, OpKind.HELPER) for op in ops) \
-                        and _result_discarded(node, function):
+                        and id(node) in facts.discarded:
                     found.append(Producer(Source.CUSTOM, node, f"`{key}`, written by a kernel"))
         return found
 
@@ -367,23 +389,67 @@ def _mentions(expr: ast.AST, keys: set[str]) -> bool:
 _VIEW_METHODS = PASS_THROUGH_METHODS | {"chunk", "split", "unbind", "select", "tensor_split"}
 
 
-def _views_of(function: FunctionNode, key: str) -> set[str]:
-    """`key` and the local names bound to views of it in `function` (`ys = y[0]`, `for ys in
-    y.chunk(2)`, `for s, ys in zip(streams, y.chunk(2))`)."""
-    keys = {key}
-    pairs: list[tuple[ast.AST, ast.AST]] = []
-    for node in body_nodes(function.body):
-        if isinstance(node, ast.Assign):
-            pairs.extend((target, node.value) for target in node.targets)
-        elif isinstance(node, (ast.For, ast.comprehension)):
-            pairs.append((node.target, node.iter))
-    for _ in range(3):
-        for target, value in pairs:
-            if _is_view(value, keys):
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        keys.add(name.id)
-    return keys
+class _FunctionFacts:
+    """One walk over a function body, kept for every question the tracer asks about it."""
+
+    def __init__(self, function: FunctionNode) -> None:
+        self.nodes = list(body_nodes(function.body))
+        self.returns = [n for n in self.nodes if isinstance(n, ast.Return) and n.value is not None]
+        top_level = {id(statement) for statement in function.body}
+        #: key -> (line, at top level, value) of each assignment, in source order
+        self.assignments: dict[str, list[tuple[int, bool, ast.AST]]] = {}
+        #: calls whose result is dropped (a statement of their own, or assigned to `_`)
+        self.discarded: set[int] = set()
+        self._pairs: list[tuple[ast.AST, ast.AST]] = []  # (target, value) for view aliases
+        self._views: dict[str, set[str]] = {}
+        for node in self.nodes:
+            value, targets = None, []
+            if isinstance(node, ast.Assign):
+                value, targets = node.value, node.targets
+                self._pairs.extend((target, node.value) for target in node.targets)
+                if isinstance(node.value, ast.Call) and all(
+                        isinstance(t, ast.Name) and t.id == "_" for t in node.targets):
+                    self.discarded.add(id(node.value))
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                value, targets = node.value, [node.target]
+            elif isinstance(node, ast.AugAssign):
+                value = ast.copy_location(ast.BinOp(
+                    left=ast.copy_location(_load_of(node.target), node.target), op=node.op,
+                    right=node.value), node)
+                targets = [node.target]
+            elif isinstance(node, ast.NamedExpr):
+                value, targets = node.value, [node.target]
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                self._pairs.append((node.target, node.iter))
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                self.discarded.add(id(node.value))
+            if value is None:
+                continue
+            for key in {k for target in targets for k in _bound_keys(target)}:
+                self.assignments.setdefault(key, []).append(
+                    (node.lineno, id(node) in top_level, value))
+
+    def reaching(self, key: str, before_line: int) -> list[tuple[int, ast.AST]]:
+        """Values that may reach a use of `key` (a name or `self.attr`) on `before_line`: the
+        last assignment in the function's top-level body above it, and every nested (branch,
+        loop) assignment after that one. An over-approximation, which only makes the data-flow
+        rules quieter."""
+        assignments = sorted((a for a in self.assignments.get(key, []) if a[0] < before_line),
+                             key=lambda a: a[0])
+        last_top = max((i for i, a in enumerate(assignments) if a[1]), default=0)
+        return [(a[0], a[2]) for a in assignments[last_top:]]
+
+    def views_of(self, key: str) -> set[str]:
+        """`key` and the local names bound to views of it (`ys = y[0]`, `for ys in
+        y.chunk(2)`, `for s, ys in zip(streams, y.chunk(2))`)."""
+        if key not in self._views:
+            keys = {key}
+            for _ in range(3):
+                for target, value in self._pairs:
+                    if _is_view(value, keys):
+                        keys.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            self._views[key] = keys
+        return self._views[key]
 
 
 def _is_view(expr: ast.AST, keys: set[str]) -> bool:
@@ -400,42 +466,11 @@ def _is_view(expr: ast.AST, keys: set[str]) -> bool:
     return False
 
 
-def _result_discarded(call: ast.Call, function: FunctionNode) -> bool:
-    """The call is a statement of its own, or assigned to `_`: what it writes is in its
-    arguments (an out-parameter or an in-place kernel), not in a result."""
-    for node in body_nodes(function.body):
-        if isinstance(node, ast.Expr) and node.value is call:
-            return True
-        if isinstance(node, ast.Assign) and node.value is call:
-            return all(isinstance(t, ast.Name) and t.id == "_" for t in node.targets)
-    return False
-
-
-def _reaching_assignments(function: FunctionNode, key: str,
-                          before_line: int) -> list[tuple[int, ast.AST]]:
-    """Values that may reach a use of `key` (a name or `self.attr`) on `before_line`: the last
-    assignment in the function's top-level body above it, and every nested (branch, loop)
-    assignment after that one. An over-approximation, which only makes the data-flow rules
-    quieter."""
-    assignments: list[tuple[int, bool, ast.AST]] = []
-    top_level = {id(statement) for statement in function.body}
-    for node in body_nodes(function.body):
-        value = None
-        if isinstance(node, ast.Assign) and any(_binds(t, key) for t in node.targets):
-            value = node.value
-        elif isinstance(node, ast.AnnAssign) and _binds(node.target, key) and node.value is not None:
-            value = node.value
-        elif isinstance(node, ast.AugAssign) and _binds(node.target, key):
-            value = ast.copy_location(ast.BinOp(
-                left=ast.copy_location(_load_of(node.target), node.target), op=node.op,
-                right=node.value), node)
-        elif isinstance(node, ast.NamedExpr) and node.target.id == key:
-            value = node.value
-        if value is not None and node.lineno < before_line:
-            assignments.append((node.lineno, id(node) in top_level, value))
-    assignments.sort(key=lambda a: a[0])
-    last_top = max((i for i, a in enumerate(assignments) if a[1]), default=0)
-    return [(a[0], a[2]) for a in assignments[last_top:]]
+def _bound_keys(target: ast.AST) -> list[str]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [key for element in target.elts for key in _bound_keys(element)]
+    key = _key_of(target)
+    return [key] if key is not None else []
 
 
 def _load_of(target: ast.expr) -> ast.expr:
@@ -452,8 +487,3 @@ def _parameters(function: FunctionNode) -> set[str]:
     return {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} | \
         {a.arg for a in (args.vararg, args.kwarg) if a is not None}
 
-
-def _binds(target: ast.AST, key: str) -> bool:
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return any(_binds(element, key) for element in target.elts)
-    return _key_of(target) == key

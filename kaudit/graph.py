@@ -32,6 +32,8 @@ class KernelGraph:
         self.analysis = ForwardAnalysis.of(model)
         self.cpp = CppIndex.of(model)
         self.forward: str | None = None
+        #: `backward` of the autograd Functions forward reaches: they run in the backward pass
+        self.backward: list[str] = []
         self.unbound_extension_calls: list[str] = []
         self._add_cpp()
         self._add_triton()
@@ -137,6 +139,12 @@ class KernelGraph:
             self.graph.nodes[self.forward]["kind"] = "forward"
         for function in analysis.reachable:
             self._add_ops(function, analysis.function_ops(function))
+            owner = analysis.class_of(function)
+            backward = analysis.methods(owner).get("backward") \
+                if owner is not None and function.name == "forward" else None
+            if backward is not None and backward not in analysis.reachable:
+                self._add_ops(backward, analysis.ops_in(backward.body, owner))
+                self.backward.append(self._python_node(backward))
         for flow in forward_flows(analysis):
             for producer in flow.producers:
                 if producer.source is not Source.UNKNOWN:

@@ -114,8 +114,9 @@ class OutputNotFromKernel(Rule):
             for producer in flow.producers:
                 call = producer.node
                 if producer.source is not Source.CUSTOM or not isinstance(call, ast.Call) \
-                        or not producer.callee or any(isinstance(a, ast.Starred) for a in call.args):
-                    return
+                        or not producer.callee or any(isinstance(a, ast.Starred) for a in call.args) \
+                        or analysis.callees.enclosing_function(call) is not forward:
+                    return  # only calls made in forward itself, with forward's own names
                 host = index.function(index.bindings.get(producer.callee, producer.callee))
                 if host is None or host.qualifier != "host":
                     return

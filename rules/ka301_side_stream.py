@@ -69,11 +69,14 @@ class SideStream(Rule):
     In Python, finds streams created with `torch.cuda.Stream(...)` (any alias, also
     `torch.Stream`, `ExternalStream`) and used on a forward path or in `ModelNew.__init__`:
     `with torch.cuda.stream(s):`, `stream=s` or `stream=s.cuda_stream` arguments, `s.wait_stream`,
-    `s.cuda_stream` handed to an extension. The stream is joined when the forward path (or, for
-    work done only in `__init__`, `__init__` or the forward path) calls
-    `torch.cuda.current_stream().wait_stream(s)` outside the stream's own `with` block,
-    `torch.cuda.synchronize()`, any `.synchronize()`, or waits on an event
-    (`current_stream().wait_event(e)`, `e.wait()`). In C++/CUDA, finds `cudaStreamCreate*`,
+    `s.cuda_stream` handed to an extension. The stream is joined when, after the work, the forward
+    path calls `torch.cuda.current_stream().wait_stream(s)` outside the stream's own `with` block,
+    `torch.cuda.synchronize()`, `s.synchronize()` (not the current stream's), or waits on an
+    event (`current_stream().wait_event(e)`, `e.wait()`), and that join runs whenever the work
+    runs: a join made only on the first call (a warm-up), inside a graph capture, or under a
+    condition the work is not also under (`if x.requires_grad:`) does not count. The forward path
+    is walked in execution order with its helpers inlined. Work done only in `__init__` is joined
+    by any join in `__init__` or on the forward path. In C++/CUDA, finds `cudaStreamCreate*`,
     `at::cuda::getStreamFromPool`, `cublasSetStream`/`cublasSetStream_v2` (and the cuDNN, cuSPARSE,
     cuFFT equivalents) given a stream other than the current one, and `k<<<g, b, smem, stream>>>`
     launches whose stream is not `0`, `nullptr`, `at::cuda::getCurrentCUDAStream()` (any

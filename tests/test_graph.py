@@ -96,6 +96,72 @@ def flows(body: str) -> list[tuple[Source, ...]]:
      [(Source.CUSTOM, Source.REFERENCE)]),
     ("c = ext.f(x)\nc @= y\nreturn c", [(Source.DERIVED,)]),
     ("return x, self.weight", [(Source.INPUT, Source.INPUT)]),
+    ("return x * y", [(Source.REFERENCE,)]),
+    ("out = torch.zeros_like(x)\nout[0] = ext.f(x)[0]\nreturn out", [(Source.CUSTOM,)]),
+    ("out = torch.empty_like(x)\nout.copy_(torch.mm(x, y))\nreturn out", [(Source.REFERENCE,)]),
+    ("out = torch.empty_like(x)\ntorch.add(x, y, out=out)\nreturn out", [(Source.REFERENCE,)]),
+    ("c = torch.mm(x, y)\next.f(c)\nreturn c", [(Source.CUSTOM,)]),  # an in-place kernel
+    ("c = torch.mm(x, y)\nd = ext.f(c)\nreturn c", [(Source.REFERENCE,)]),  # c is only read
+    ("self.h = ext.f(x)\nreturn torch.relu(self.h)", [(Source.DERIVED,)]),
+    ("ys = torch.empty_like(x)\nfor xs, part in zip(x.chunk(2), ys.chunk(2)):\n"
+     "    ext.f(xs, part)\nreturn ys", [(Source.CUSTOM,)]),
 ])
 def test_return_producers(body, expected):
     assert flows(body) == expected
+
+
+_CALLEES = """\
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", functions=["f"])
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return ext.f(x)
+
+
+def make_layer():
+    layers = []
+    layers.append(Block())
+    return nn.Sequential(*layers)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+INIT
+
+    def forward(self, x):
+FORWARD
+"""
+
+
+def ops_of(init: str, forward: str) -> list[tuple[str, str]]:
+    """(kind, callee or description) of each op `ModelNew.forward` runs, helpers included."""
+    code = _CALLEES.replace("INIT", textwrap.indent(init, " " * 8)).replace(
+        "FORWARD", textwrap.indent(forward, " " * 8))
+    analysis = ForwardAnalysis(SourceModel("k.py", code))
+    return sorted((op.kind.value, op.callee or op.description) for function in analysis.reachable
+                  for op in analysis.function_ops(function) if op.kind.value != "helper")
+
+
+@pytest.mark.parametrize(("init", "forward", "expected"), [
+    ("self.op = ext.f", "return self.op(x)", [("custom-kernel", "f")]),
+    ("try:\n    self.e = ext\nexcept Exception:\n    self.e = None", "return self.e.f(x)",
+     [("custom-kernel", "f")]),
+    ("self.blocks = nn.ModuleList([Block() for _ in range(3)])",
+     "for block in self.blocks:\n    x = block(x)\nreturn x", [("custom-kernel", "f")]),
+    ("self.layer = make_layer()", "return self.layer(x)", [("custom-kernel", "f")]),
+    ("self.heads = nn.ModuleDict({'a': Block(), 'b': nn.Linear(4, 4)})",
+     "return self.heads['a'](x)",
+     [("custom-kernel", "f"), ("reference-op", "`torch.nn.Linear` module `self.heads['a']`")]),
+    ("setattr(self, 'stage0', Block())", "return getattr(self, f'stage{0}')(x)",
+     [("custom-kernel", "f")]),
+    ("self.act = torch.jit.script(nn.GELU())", "return self.act(x)",
+     [("reference-op", "`torch.nn.GELU` module `self.act`")]),
+    ("self.loop = self.loop", "return self.loop(x)", []),  # a cycle resolves to nothing
+])
+def test_callees_are_followed(init, forward, expected):
+    assert ops_of(init, forward) == sorted(expected)
