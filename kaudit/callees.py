@@ -35,6 +35,7 @@ class Kind(enum.Enum):
     LIBRARY_MODEL = "library-model"  # a model from transformers, torchvision, timm...
     REFERENCE_MODEL = "reference-model"  # an instance of the reference `Model`
     REFERENCE_LAYER = "reference-layer"  # an attribute taken from a reference `Model` instance
+    DSL_KERNEL = "dsl-kernel"  # a kernel of another GPU DSL (CuTe, TileLang, CuPy, Numba)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,17 @@ WRAPPERS = frozenset({
     "torch.cuda.make_graphed_callables", "torch.fx.symbolic_trace",
 })
 _LOADERS = frozenset({"torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"})
+# Kernels written in other GPU DSLs: compilers whose result is a kernel, and decorators that make
+# a function one. kaudit does not read their code: they count as custom kernels it cannot see.
+DSL_COMPILERS = frozenset({
+    "tilelang.compile", "cutlass.cute.compile", "tvm.build", "cupy.RawKernel", "cupy.RawModule",
+    "cupy.ElementwiseKernel", "cupy.ReductionKernel", "numba.cuda.jit",
+    "torch.cuda.jiterator._create_jit_fn", "torch.cuda.jiterator._create_multi_output_jit_fn",
+})
+DSL_DECORATORS = frozenset({
+    "cutlass.cute.kernel", "cutlass.cute.jit", "tilelang.jit", "tilelang.language.prim_func",
+    "tvm.script.tir.prim_func", "tvm.script.prim_func", "numba.cuda.jit", "cupy.fuse",
+})
 # Builtins and methods that hand back the elements of their argument or receiver.
 _PASS_ELEMENTS = frozenset({"enumerate", "zip", "reversed", "list", "tuple", "iter", "sorted",
                             "dict", "OrderedDict", "collections.OrderedDict", "set", "next",
@@ -364,6 +376,9 @@ class Callees:
         arguments = [*call.args, *(k.value for k in call.keywords)]
         if resolved in _LOADERS:
             return {Held(Kind.EXTENSION_MODULE, "extension")}
+        if resolved in DSL_COMPILERS or (parts and parts[-1] == "get_function"
+                                         and self._is_dsl(func.value, cls, function, depth)):
+            return {Held(Kind.DSL_KERNEL, ".".join(parts) or resolved)}
         if resolved in WRAPPERS:
             return set(self.held_by(call.args[0], cls, function, depth + 1)) if call.args else set()
         if resolved.startswith(LIBRARY_PREFIXES):
@@ -395,6 +410,17 @@ class Callees:
                     any(owner is base for base in self.bases(cls)) else owner
                 found |= self.returns(held.node, scope_cls, depth + 1)
         return found
+
+    def _is_dsl(self, expr: ast.AST, cls, function, depth: int) -> bool:
+        return any(h.kind is Kind.DSL_KERNEL for h in self.held_by(expr, cls, function, depth + 1))
+
+    def is_dsl_function(self, function: FunctionNode) -> bool:
+        """A function a GPU DSL decorator turns into a kernel (`@cute.kernel`, `@T.prim_func`)."""
+        for decorator in function.decorator_list:
+            target = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if (self.model.bindings.resolve(target) or "") in DSL_DECORATORS:
+                return True
+        return False
 
     def _union(self, expressions: Sequence[ast.AST], cls, function, depth: int) -> set[Held]:
         found: set[Held] = set()

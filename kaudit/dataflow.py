@@ -30,6 +30,9 @@ ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "zeros", "zeros
 # Made once and kept: a tensor stored on the model from these never depends on forward's inputs.
 _CONSTANTS = ALLOCATIONS | {"tensor", "as_tensor", "arange", "linspace", "rand", "randn",
                             "randint", "rand_like", "randn_like", "eye"}
+# Methods that hand a tensor's memory to other code, which may write it.
+_POINTERS = frozenset({"data_ptr", "untyped_storage", "storage", "__dlpack__",
+                       "__cuda_array_interface__"})
 # In-place methods that only fill (their result does not depend on any other tensor).
 _FILLS = frozenset({"zero_", "fill_", "normal_", "uniform_", "random_"})
 _MAX_DEPTH = 8
@@ -225,7 +228,8 @@ class ReturnTracer:
                      producers: list[Producer], since: int, depth: int) -> list[Producer]:
         """A buffer's value is what is written into it: a kernel it is handed to (an output
         parameter or an in-place kernel), `buf[...] = v`, `buf.copy_(v)`, `op(..., out=buf)`."""
-        writes = self._writes(function, key, since, expr.lineno, depth)
+        allocated = any(p.source in (Source.UNWRITTEN, Source.STORED) for p in producers)
+        writes = self._writes(function, key, since, expr.lineno, depth, allocated)
         shown = f"`{key}`"
         if any(w.source in (Source.CUSTOM, Source.DERIVED) for w in writes):
             return [Producer(Source.CUSTOM, expr, f"{shown}, written by a custom kernel")]
@@ -237,8 +241,12 @@ class ReturnTracer:
         return producers + writes
 
     def _writes(self, function: FunctionNode, key: str, since: int, before: int,
-                depth: int) -> list[Producer]:
-        """Producers of what `function` writes into `key` (or a view of it) between two lines."""
+                depth: int, allocated: bool = True) -> list[Producer]:
+        """Producers of what `function` writes into `key` (or a view of it) between two lines.
+        A fresh allocation (`allocated`) counts as written by any kernel or helper it is handed
+        to, and as written by something unknown when it goes to code kaudit does not know
+        (`from_dlpack(out)`, `out.data_ptr()`, a compiled callable); a computed value counts as
+        rewritten only by a kernel called for its side effect (`ext.relu_(y)`)."""
         owner = self.analysis.owner.get(function)
         facts = self._facts_of(function)
         keys = facts.views_of(key)
@@ -246,8 +254,9 @@ class ReturnTracer:
         for node in facts.nodes:
             if not since <= getattr(node, "lineno", since) <= before:
                 continue
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
+            if isinstance(node, (ast.Assign, ast.AugAssign)):  # `buf[...] = v`, `buf[...] += v`
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
                     if isinstance(target, ast.Subscript) and _mentions(target.value, keys):
                         found.extend(self._producers(node.value, function, depth + 1))
                 continue
@@ -255,7 +264,9 @@ class ReturnTracer:
                 continue
             func = node.func
             if isinstance(func, ast.Attribute) and _mentions(func.value, keys):
-                if func.attr == "copy_" and node.args:
+                if allocated and func.attr in _POINTERS:
+                    found.append(Producer(Source.UNKNOWN, node, f"`{key}` handed over by pointer"))
+                elif func.attr == "copy_" and node.args:
                     found.extend(self._producers(node.args[0], function, depth + 1))
                 elif func.attr.endswith("_") and func.attr not in _FILLS \
                         and not func.attr.startswith("_"):
@@ -272,8 +283,12 @@ class ReturnTracer:
             if any(_mentions(argument, keys) for argument in arguments):
                 ops = self.analysis.classify_all(node, owner, function)
                 if any(op.kind in (OpKind.CUSTOM_KERNEL, OpKind.HELPER) for op in ops) \
-                        and id(node) in facts.discarded:
+                        and (allocated or id(node) in facts.discarded):
                     found.append(Producer(Source.CUSTOM, node, f"`{key}`, written by a kernel"))
+                elif allocated and not ops and not (self.model.bindings.resolve(func) or
+                                                    "").startswith("torch."):
+                    found.append(Producer(Source.UNKNOWN, node, f"`{key}` handed to "
+                                                                f"`{self.model.code_of(func)}`"))
         return found
 
     def _stored_producers(self, expr: ast.AST, key: str, function: FunctionNode,
@@ -293,6 +308,9 @@ class ReturnTracer:
             return [Producer(Source.STORED, expr,
                              f"`{key}`, made once (line {self.model.line_of(first)}: "
                              f"`{self.model.code_of(first)[:50]}`)")]
+        if any(key in self._facts_of(reached).assignments for reached in self.analysis.reachable):
+            # set by a helper on the forward path (`self._run_kernel(x)` updating `self.hidden`)
+            return [Producer(Source.UNKNOWN, expr, f"`{key}`, set on the forward path")]
         return [Producer(Source.INPUT, expr, self.model.code_of(expr))]
 
     def _stored_values(self, cls: ast.ClassDef, attribute: str) -> list[ast.AST]:
@@ -373,7 +391,10 @@ def _key_of(expr: ast.AST) -> str | None:
 
 
 def _mentions(expr: ast.AST, keys: set[str]) -> bool:
-    """The expression is one of `keys`, or a view of one (`out.view(-1)`, `out[0]`)."""
+    """The expression is one of `keys`, or a view of one (`out.view(-1)`, `out[0]`), or a list
+    holding one (`args=[a, b, out]`)."""
+    if isinstance(expr, (ast.List, ast.Tuple)):
+        return any(_mentions(element, keys) for element in expr.elts)
     while True:
         if _key_of(expr) in keys:
             return True
@@ -447,7 +468,7 @@ class _FunctionFacts:
             for _ in range(3):
                 for target, value in self._pairs:
                     if _is_view(value, keys):
-                        keys.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+                        keys.update(_bound_keys(target))
             self._views[key] = keys
         return self._views[key]
 
@@ -456,6 +477,8 @@ def _is_view(expr: ast.AST, keys: set[str]) -> bool:
     if _key_of(expr) in keys:
         return True
     if isinstance(expr, ast.Subscript):
+        return _is_view(expr.value, keys)
+    if isinstance(expr, ast.Attribute) and expr.attr in ("T", "mT", "H", "mH", "real", "imag"):
         return _is_view(expr.value, keys)
     if isinstance(expr, ast.Call):
         func = expr.func

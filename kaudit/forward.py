@@ -269,9 +269,15 @@ class ForwardAnalysis:
             if kind is Kind.EXTENSION_FUNCTION:
                 add(Op(OpKind.CUSTOM_KERNEL, node, f"extension function `{written}`",
                        callee=item.name))
+            elif kind is Kind.DSL_KERNEL:
+                add(Op(OpKind.CUSTOM_KERNEL, node, f"GPU DSL kernel `{written}`",
+                       callee=written))
             elif kind is Kind.FUNCTION and isinstance(item.node, (ast.FunctionDef,
                                                                   ast.AsyncFunctionDef)):
-                if item.node.name not in self.model.triton_kernels or \
+                if self.callees.is_dsl_function(item.node):
+                    add(Op(OpKind.CUSTOM_KERNEL, node, f"GPU DSL kernel `{written}`",
+                           callee=item.node.name))
+                elif item.node.name not in self.model.triton_kernels or \
                         self.model.functions.get(item.node.name) is not item.node:
                     add(Op(OpKind.HELPER, node, f"`{written}`", item.node))
             elif kind is Kind.INSTANCE and isinstance(item.node, ast.ClassDef):

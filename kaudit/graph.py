@@ -165,9 +165,9 @@ class KernelGraph:
                 self.graph.add_edge(source, self._python_node(op.target), kind="calls",
                                     location=location)
             elif op.kind is OpKind.CUSTOM_KERNEL:
-                self.graph.add_edge(source, self._custom_node(op.node, op.callee, location), kind=(
-                    "launches" if isinstance(op.node, ast.Call)
-                    and isinstance(op.node.func, ast.Subscript) else "calls"), location=location)
+                target = self._custom_node(op.node, op.callee, location)
+                self.graph.add_edge(source, target, kind=(
+                    "launches" if target.startswith("triton:") else "calls"), location=location)
             elif op.kind in (OpKind.REFERENCE_OP, OpKind.REFERENCE_MODEL):
                 node = self._node(f"torch:{op.description}", "torch", op.description, location)
                 self.graph.add_edge(source, node, kind="calls", location=location)
@@ -176,7 +176,8 @@ class KernelGraph:
         assert isinstance(call, ast.Call)
         if isinstance(call.func, ast.Subscript):
             name = callee or (dotted_parts(call.func.value) or ["?"])[-1]
-            return f"triton:{name}"
+            if name in self.model.triton_kernels:
+                return f"triton:{name}"
         parts = dotted_parts(call.func) or ["?"]
         if callee and not callee.startswith("torch."):
             parts = [callee]

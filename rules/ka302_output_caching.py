@@ -443,7 +443,12 @@ def _rewritten(read: _Read, ret: ast.Return, function: FunctionNode,
     if read.index is not None:
         return False  # a lookup in a cache keyed on the inputs
     keys = {read.key} | ({read.via.id} if isinstance(read.via, ast.Name) else set())
+    for _ in range(2):  # `self.out_t = self.out.T` then `torch.matmul(..., out=self.out_t)`
+        for node in _walk(function.body):
+            if isinstance(node, ast.Assign) and _is_view_of(node.value, keys):
+                keys.update(".".join(p) for p in map(dotted_parts, node.targets) if p)
     needed = _branches(ret, parents)
+    writes: set[frozenset[tuple[int, str]]] = set()
     for node in _walk(function.body):
         if getattr(node, "lineno", ret.lineno + 1) > ret.lineno:
             continue
@@ -460,9 +465,40 @@ def _rewritten(read: _Read, ret: ast.Return, function: FunctionNode,
         elif isinstance(node, ast.Assign):  # `self.buf[...] = v`, or `self.out = fresh` then return
             written = any((isinstance(t, ast.Subscript) and _names(t.value, keys))
                           or _names(t, {read.key}) for t in node.targets)
-        if written and _branches(node, parents) <= needed:
-            return True
-    return False
+        if written:
+            writes.add(frozenset(_branches(node, parents)))
+    return any(branches <= needed for branches in _joined(writes))
+
+
+def _joined(writes: set[frozenset[tuple[int, str]]]) -> set[frozenset[tuple[int, str]]]:
+    """Writes made in both arms of an `if` count as made before it."""
+    found = set(writes)
+    grew = True
+    while grew:
+        grew = False
+        for branches in list(found):
+            for conditional, part in branches:
+                if part != "body":
+                    continue
+                rest = branches - {(conditional, part)}
+                if rest | {(conditional, "orelse")} in found and rest not in found:
+                    found.add(rest)
+                    grew = True
+    return found
+
+
+def _is_view_of(expr: ast.AST, keys: set[str]) -> bool:
+    """`buf.T`, `buf[0]`, `buf.view(...)`, `buf.transpose(0, 1)` for a `buf` in `keys`."""
+    while True:
+        if isinstance(expr, ast.Subscript) or (isinstance(expr, ast.Attribute)
+                                               and expr.attr in ("T", "mT")):
+            expr = expr.value
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in PASS_THROUGH:
+            expr = expr.func.value
+        else:
+            parts = dotted_parts(expr)
+            return parts is not None and ".".join(parts) in keys
 
 
 def _names(expr: ast.AST, keys: set[str]) -> bool:

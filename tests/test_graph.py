@@ -74,10 +74,19 @@ def flows(body: str) -> list[tuple[Source, ...]]:
     code = textwrap.dedent('''
         import torch
         import triton
+        from dsl_runtime import launch
         from torch.utils.cpp_extension import load_inline
         ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", functions=["f"])
 
         class ModelNew(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ones = torch.ones(4)
+                self.state = None
+
+            def _update(self, x):
+                self.state = ext.f(x)
+
             def forward(self, x, y):
         ''') + textwrap.indent(textwrap.dedent(body), " " * 8)
     analysis = ForwardAnalysis(SourceModel("k.py", code))
@@ -105,6 +114,12 @@ def flows(body: str) -> list[tuple[Source, ...]]:
     ("self.h = ext.f(x)\nreturn torch.relu(self.h)", [(Source.DERIVED,)]),
     ("ys = torch.empty_like(x)\nfor xs, part in zip(x.chunk(2), ys.chunk(2)):\n"
      "    ext.f(xs, part)\nreturn ys", [(Source.CUSTOM,)]),
+    ("out = torch.zeros_like(x)\nfor i in range(2):\n    out[i] += ext.f(x)[i]\nreturn out",
+     [(Source.CUSTOM,)]),
+    ("out = torch.empty_like(x)\nlaunch(out)\nreturn out", [(Source.UNKNOWN,)]),  # a DSL launcher
+    ("out = torch.empty_like(x)\np = out.data_ptr()\nreturn out", [(Source.UNKNOWN,)]),
+    ("return self.ones", [(Source.STORED,)]),
+    ("self._update(x)\nreturn self.state", [(Source.UNKNOWN,)]),  # a helper sets it
 ])
 def test_return_producers(body, expected):
     assert flows(body) == expected
