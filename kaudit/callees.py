@@ -115,6 +115,19 @@ class Callees:
         self._active: set[tuple[str, int, str]] = set()
         self._held: dict[tuple[int, int, int], frozenset[Held]] = {}
         self._resolving: set[tuple[int, int, int]] = set()
+        #: classes and functions defined at module level, also inside `if`/`try` blocks
+        self.module_defs: dict[str, ast.AST] = {}
+        blocks = [model.module.body] if model.module is not None else []
+        while blocks:
+            for statement in blocks.pop():
+                if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.module_defs.setdefault(statement.name, statement)
+                    continue
+                for name in ("body", "orelse", "finalbody"):
+                    inner = getattr(statement, name, None)
+                    if isinstance(inner, list):
+                        blocks.append(inner)
+                blocks.extend(handler.body for handler in getattr(statement, "handlers", []))
         self._classes_of: dict[int, ast.ClassDef] = {}
         for cls in model.nodes:  # classes defined inside functions too
             if isinstance(cls, ast.ClassDef):
@@ -241,6 +254,11 @@ class Callees:
             return {Held(Kind.FUNCTION, name, model.functions[name])}
         if name in model.classes and not self.is_reference(expr):
             return {Held(Kind.CLASS, name, model.classes[name])}
+        nested = self.module_defs.get(name)  # defined inside a module-level `try:` or `if:`
+        if isinstance(nested, ast.ClassDef) and not self.is_reference(expr):
+            return {Held(Kind.CLASS, name, nested)}
+        if isinstance(nested, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return {Held(Kind.FUNCTION, name, nested)}
         resolved = model.bindings.resolve(expr)
         if resolved is not None and name in model.bindings.qualified:
             return self._qualified(resolved)
