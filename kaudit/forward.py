@@ -102,7 +102,13 @@ class ForwardAnalysis:
         self.callees = Callees(model, self.extension_names, self.is_reference)
         self.forward = self.methods(self.model_new).get("forward") if self.model_new else None
         self.reachable: list[FunctionNode] = []
+        #: what `self.forward = ...` in a method rebinds forward to (it runs instead)
+        self.rebound: list[FunctionNode] = []
         if self.forward is not None:
+            for held in self.callees.attribute(self.model_new, "forward"):
+                if held.kind is Kind.FUNCTION and isinstance(held.node, (ast.FunctionDef,
+                                                                         ast.AsyncFunctionDef)):
+                    self.rebound.append(held.node)
             self._collect_reachable(self.forward, self.model_new)
 
     @classmethod
@@ -122,7 +128,7 @@ class ForwardAnalysis:
     # --- reachability ---------------------------------------------------------------------
 
     def _collect_reachable(self, start: FunctionNode, owner: ast.ClassDef | None) -> None:
-        pending = [(start, owner)]
+        pending = [(start, owner), *((f, self._owner_for(f, owner)) for f in self.rebound)]
         while pending:
             function, cls = pending.pop(0)
             if function in self.owner:

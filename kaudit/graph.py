@@ -137,6 +137,9 @@ class KernelGraph:
         if analysis.forward is not None:
             self.forward = self._python_node(analysis.forward)
             self.graph.nodes[self.forward]["kind"] = "forward"
+            for rebound in analysis.rebound:  # `self.forward = self._fast_path` in __init__
+                self.graph.add_edge(self.forward, self._python_node(rebound), kind="calls",
+                                    location=self.model.header_location(rebound))
         for function in analysis.reachable:
             self._add_ops(function, analysis.function_ops(function))
             owner = analysis.class_of(function)

@@ -184,6 +184,12 @@ class OutputCaching(Rule):
                     parents = _parents(function)
                     replays = [n.lineno for n in _walk(function.body)
                                if isinstance(n, ast.Call) and method_name(n) == "replay"]
+                    # a helper that replays the graph (`if self._run_graph(x): return out`)
+                    replays += [getattr(op.node, "lineno", 0) for op in
+                                analysis.function_ops(function)
+                                if op.kind is OpKind.HELPER and op.target is not None
+                                and any(isinstance(n, ast.Call) and method_name(n) == "replay"
+                                        for n in _walk(op.target.body))]
                 if reads and any(line <= ret.lineno for line in replays or ()):
                     continue  # a graph's static output, refreshed by the replay (see `_graphs`)
                 for read in reads:
@@ -195,7 +201,7 @@ class OutputCaching(Rule):
                                                              for s in own)):
                         continue
                     if _consumed(read, ret, analysis.function_ops(function), parents) \
-                            or _rewritten(read, ret, function, parents):
+                            or _rewritten(read, ret, function, parents, model):
                         continue
                     reported.add(id(read.node))
                     store = stores[read.key][0][1]
@@ -435,7 +441,7 @@ def _consumed(read: _Read, ret: ast.Return, ops: list[Op], parents: dict[int, as
 
 
 def _rewritten(read: _Read, ret: ast.Return, function: FunctionNode,
-               parents: dict[int, ast.AST]) -> bool:
+               parents: dict[int, ast.AST], model: SourceModel) -> bool:
     """The returned attribute is written on every path that reaches the return, before it:
     `torch.op(..., out=self.buf)`, `self.buf.copy_(...)`, `self.buf.add_(...)`, `self.buf[...] =
     ...`, or `self.out = ...` just computed. A write under a branch the return is not also in (a
@@ -456,10 +462,10 @@ def _rewritten(read: _Read, ret: ast.Return, function: FunctionNode,
         if isinstance(node, ast.Call):
             out = next((k.value for k in node.keywords if k.arg == "out"), None)
             method = method_name(node)
-            receiver = dotted_parts(node.func.value) if isinstance(node.func, ast.Attribute) \
-                else None
-            written = (out is not None and _names(out, keys)) or (
-                receiver is not None and ".".join(receiver) in keys and method is not None
+            receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+            written = (out is not None and _is_view_of(out, keys)) or _pointer_passed(
+                node, keys, model) or (
+                receiver is not None and _is_view_of(receiver, keys) and method is not None
                 and method.endswith("_") and not method.startswith("_")
                 and method not in ("zero_", "fill_", "detach_", "requires_grad_"))
         elif isinstance(node, ast.Assign):  # `self.buf[...] = v`, or `self.out = fresh` then return
@@ -487,6 +493,29 @@ def _joined(writes: set[frozenset[tuple[int, str]]]) -> set[frozenset[tuple[int,
     return found
 
 
+_INSPECTING = frozenset({"print", "len", "isinstance", "id", "hash", "str", "repr", "type",
+                         "getattr", "hasattr", "bool", "float", "int"})
+
+
+def _pointer_passed(call: ast.Call, keys: set[str], model: SourceModel) -> bool:
+    """The buffer, a view of it or its `data_ptr()` is handed to code outside PyTorch (a kernel,
+    a helper: `self._matmul_into(a, b, self.out)`, `kernel(grid, block, (self.out.data_ptr(),
+    ...))`), which writes it."""
+    resolved = model.bindings.resolve(call.func) or ""
+    if resolved.startswith("torch.") or (isinstance(call.func, ast.Name)
+                                         and call.func.id in _INSPECTING):
+        return False
+    for argument in [*call.args, *(k.value for k in call.keywords)]:
+        for node in ast.walk(argument):
+            if isinstance(node, ast.Call) and method_name(node) == "data_ptr" \
+                    and _is_view_of(node.func.value, keys):  # type: ignore[attr-defined]
+                return True
+            if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) \
+                    and _is_view_of(node, keys):
+                return True
+    return False
+
+
 def _is_view_of(expr: ast.AST, keys: set[str]) -> bool:
     """`buf.T`, `buf[0]`, `buf.view(...)`, `buf.transpose(0, 1)` for a `buf` in `keys`."""
     while True:
@@ -494,7 +523,7 @@ def _is_view_of(expr: ast.AST, keys: set[str]) -> bool:
                                                and expr.attr in ("T", "mT")):
             expr = expr.value
         elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
-                and expr.func.attr in PASS_THROUGH:
+                and expr.func.attr in PASS_THROUGH | {"narrow", "select", "chunk", "split"}:
             expr = expr.func.value
         else:
             parts = dotted_parts(expr)
