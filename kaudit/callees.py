@@ -116,12 +116,12 @@ class Callees:
         self._held: dict[tuple[int, int, int], frozenset[Held]] = {}
         self._resolving: set[tuple[int, int, int]] = set()
         #: classes and functions defined at module level, also inside `if`/`try` blocks
-        self.module_defs: dict[str, ast.AST] = {}
+        self.module_defs: dict[str, list[ast.AST]] = {}
         blocks = [model.module.body] if model.module is not None else []
         while blocks:
             for statement in blocks.pop():
                 if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                    self.module_defs.setdefault(statement.name, statement)
+                    self.module_defs.setdefault(statement.name, []).append(statement)
                     continue
                 for name in ("body", "orelse", "finalbody"):
                     inner = getattr(statement, name, None)
@@ -254,11 +254,14 @@ class Callees:
             return {Held(Kind.FUNCTION, name, model.functions[name])}
         if name in model.classes and not self.is_reference(expr):
             return {Held(Kind.CLASS, name, model.classes[name])}
-        nested = self.module_defs.get(name)  # defined inside a module-level `try:` or `if:`
-        if isinstance(nested, ast.ClassDef) and not self.is_reference(expr):
-            return {Held(Kind.CLASS, name, nested)}
-        if isinstance(nested, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return {Held(Kind.FUNCTION, name, nested)}
+        nested: set[Held] = set()  # defined inside a module-level `try:` or `if:` (each one)
+        for definition in self.module_defs.get(name, []):
+            if isinstance(definition, ast.ClassDef) and not self.is_reference(expr):
+                nested.add(Held(Kind.CLASS, name, definition))
+            elif isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                nested.add(Held(Kind.FUNCTION, name, definition))
+        if nested:
+            return nested
         resolved = model.bindings.resolve(expr)
         if resolved is not None and name in model.bindings.qualified:
             return self._qualified(resolved)
@@ -340,6 +343,8 @@ class Callees:
 
     def _attribute_of(self, expr: ast.Attribute, cls, function, depth: int) -> set[Held]:
         parts = dotted_parts(expr)
+        if parts is not None and ".".join(parts) in self.extension_names:
+            return {Held(Kind.EXTENSION_MODULE, ".".join(parts))}  # `Cls._module = load(...)`
         if parts is not None and len(parts) == 2 and parts[0] == "self" and cls is not None:
             found = set(self.attribute(cls, parts[1], depth + 1))
             method = self.methods(cls).get(parts[1])

@@ -263,7 +263,7 @@ class OutputCaching(Rule):
                 if not (isinstance(node, ast.Call) and method_name(node) == "replay"
                         and not node.args):
                     continue
-                if self._fresh_inputs_copied(model, analysis, function, node.lineno, ops):
+                if self._fresh_inputs_copied(model, analysis, function, node, ops):
                     continue
                 yield self.report(
                     model, node,
@@ -274,9 +274,15 @@ class OutputCaching(Rule):
 
     @staticmethod
     def _fresh_inputs_copied(model: SourceModel, analysis: ForwardAnalysis,
-                             function: FunctionNode, line: int, ops: list[Op]) -> bool:
+                             function: FunctionNode, replay: ast.Call, ops: list[Op]) -> bool:
+        """This call's inputs reach the graph's static buffers before the replay, on every path
+        that replays: `static_x.copy_(x)`, `static_x[...] = x`, or static inputs cloned from
+        the inputs and then captured."""
+        line = replay.lineno
+        parents = _parents(function)
+        needed = _branches(replay, parents)
         for node in _walk(function.body):
-            if getattr(node, "lineno", line + 1) > line:
+            if getattr(node, "lineno", line + 1) > line or not _branches(node, parents) <= needed:
                 continue
             if isinstance(node, ast.Call) and method_name(node) == "copy_" and node.args \
                     and depends_on_inputs(model, function, node.args[0]):
@@ -285,6 +291,10 @@ class OutputCaching(Rule):
                                                     for t in node.targets) \
                     and depends_on_inputs(model, function, node.value):
                 return True
+            if isinstance(node, ast.Assign) and depends_on_inputs(model, function, node.value) \
+                    and any(isinstance(n, ast.Call) and method_name(n) in ("clone", "copy_")
+                            for n in ast.walk(node.value)):
+                return True  # static inputs cloned from this call's inputs, then captured
         for op in ops:  # a helper that copies its arguments into the static buffers
             if op.kind is OpKind.HELPER and op.target is not None \
                     and getattr(op.node, "lineno", line + 1) <= line \

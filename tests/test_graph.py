@@ -180,3 +180,12 @@ def ops_of(init: str, forward: str) -> list[tuple[str, str]]:
 ])
 def test_callees_are_followed(init, forward, expected):
     assert ops_of(init, forward) == sorted(expected)
+
+
+def test_forward_rebound_in_init_is_followed():
+    """`self.forward = self._fast` in __init__: the fast path is what runs."""
+    code = _CALLEES.replace("INIT", "        self.forward = self._fast").replace(
+        "FORWARD", "        raise NotImplementedError\n\n    def _fast(self, x):\n"
+                   "        return Block()(x)")
+    graph = KernelGraph.of(SourceModel("k.py", code))
+    assert "ext:f" in graph.reachable_from(graph.forward)
