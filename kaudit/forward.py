@@ -486,10 +486,14 @@ class ForwardAnalysis:
                 for node in body_nodes(function.body):
                     if _installs_elsewhere(node):
                         installs = True
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        pending.append(node)  # a local helper (`def replace(module): ...`)
                     if isinstance(node, ast.Call):
                         parts = dotted_parts(node.func)
-                        if parts and len(parts) == 1 and parts[0] in self.model.classes:
-                            built.append(self.model.classes[parts[0]])
+                        classes = [h.node for h in self.callees.held_by(
+                            node.func, self.model_new, function) if h.kind is Kind.CLASS]
+                        if classes:
+                            built.extend(c for c in classes if isinstance(c, ast.ClassDef))
                         elif parts and len(parts) == 1 and parts[0] in self.model.functions:
                             pending.append(self.model.functions[parts[0]])
                         elif parts and len(parts) == 2 and parts[0] == "self" \
@@ -559,7 +563,8 @@ def _is_tensor_parameter(function: FunctionNode, name: str, is_forward: bool) ->
 
 def _installs_elsewhere(node: ast.AST) -> bool:
     """`setattr(parent, name, m)`, `parent.add_module(...)`, `parent._modules[k] = m`,
-    `parent.attn = m`: a module stored into an object other than `self`."""
+    `parent.attn = m`, `self.model.lm_head = m`: a module stored into an object other than
+    `self`."""
     if isinstance(node, ast.Call):
         parts = dotted_parts(node.func) or []
         if parts == ["setattr"] and node.args and dotted_parts(node.args[0]) != ["self"]:
@@ -569,9 +574,9 @@ def _installs_elsewhere(node: ast.AST) -> bool:
     if isinstance(node, ast.Assign):
         for target in node.targets:
             if isinstance(target, (ast.Attribute, ast.Subscript)):
-                root = target
+                root, steps = target, 0
                 while isinstance(root, (ast.Attribute, ast.Subscript)):
-                    root = root.value
-                if not (isinstance(root, ast.Name) and root.id == "self"):
-                    return True
+                    root, steps = root.value, steps + 1
+                if not (isinstance(root, ast.Name) and root.id == "self") or steps > 1:
+                    return True  # `parent.attn = m`, `self.model.lm_head = m`
     return False
