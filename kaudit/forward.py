@@ -486,6 +486,15 @@ class ForwardAnalysis:
                 for node in body_nodes(function.body):
                     if _installs_elsewhere(node):
                         installs = True
+                        if isinstance(node, ast.Assign) and any(
+                                isinstance(t, ast.Attribute) and t.attr == "forward"
+                                for t in node.targets):  # `module.forward = make_forward(w)`
+                            for held in self.callees.held_by(node.value, self.model_new,
+                                                             function):
+                                if held.kind is Kind.FUNCTION and isinstance(
+                                        held.node, ast.FunctionDef) and \
+                                        held.node not in self._injected:
+                                    self._injected.append(held.node)
                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         pending.append(node)  # a local helper (`def replace(module): ...`)
                     if isinstance(node, ast.Call):
