@@ -102,6 +102,7 @@ def scan(
     baseline_timings: Annotated[Optional[Path], typer.Option(help="baseline_time_torch.json, to turn claimed runtimes into speedups.")] = None,  # noqa: UP007,E501
     suspicious_speedup: Annotated[Optional[float], typer.Option(help="Claimed speedups above this are suspicious until confirmed (default 10).")] = None,  # noqa: UP007,E501
     benchmark: Annotated[Optional[Benchmark], typer.Option(help="Read every path as this benchmark's layout (default: recognise each layout from its files).")] = None,  # noqa: UP007,E501
+    policy: Annotated[Optional[str], typer.Option(help="What a submission may keep in PyTorch: kernelbench (default: some operators, when custom kernels do real work; KA108 lists them) or strict (none).")] = None,  # noqa: UP007,E501
     cache_dir: Annotated[Path, typer.Option(help="Cache of per-file results, by content.")] = Path(".kaudit_cache"),  # noqa: E501
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")] = False,  # noqa: E501
     dynamic: Annotated[bool, typer.Option("--dynamic", help="Also run each kernel against its reference problem in child processes (needs torch).")] = False,  # noqa: E501
@@ -121,7 +122,7 @@ def scan(
         _make_folder(output_dir, "--output-dir")
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir,
-                               benchmark.value if benchmark else None)
+                               benchmark.value if benchmark else None, policy=policy)
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
                      timeout, scales=scales, jobs=jobs, artifacts=artifacts,
@@ -141,10 +142,10 @@ def scan(
 
 
 def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir,
-              benchmark: str | None = None) -> tuple[Report, Config]:
+              benchmark: str | None = None, policy: str | None = None) -> tuple[Report, Config]:
     try:
         config = load_config().with_options(
-            select=_codes(select), ignore=_codes(ignore), jobs=jobs,
+            select=_codes(select), ignore=_codes(ignore), jobs=jobs, policy=policy,
             baseline=str(baseline) if baseline else None,
             baseline_timings=str(timings) if timings else None,
             suspicious_speedup=suspicious, cache_dir=str(cache_dir) if cache_dir else None,

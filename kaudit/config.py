@@ -17,6 +17,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+#: what a submission may keep in PyTorch: `kernelbench` (some operators, when custom kernels do
+#: real work; the rest is listed by KA108) or `strict` (nothing: every PyTorch op is an error)
+POLICIES = ("kernelbench", "strict")
+
+
 class ConfigError(ValueError):
     """A configuration value kaudit cannot use (reported as a usage error)."""
 
@@ -56,6 +61,8 @@ class Config:
     #: the benchmark whose layout to read (`kaudit.adapters.model.BENCHMARKS`); None: recognise
     #: each layout from its files
     benchmark: str | None = None
+    #: one of POLICIES
+    policy: str = "kernelbench"
 
     def __post_init__(self) -> None:
         for pattern in (*self.select, *self.ignore,
@@ -66,6 +73,8 @@ class Config:
         if self.benchmark is not None and self.benchmark not in BENCHMARKS:
             raise ConfigError(f"unknown benchmark {self.benchmark!r}; choose one of "
                               f"{', '.join(BENCHMARKS)}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
 
     def is_enabled(self, code: str) -> bool:
         if any(code_matches(p, code) for p in self.ignore):
@@ -92,7 +101,7 @@ class Config:
 
     def cache_key(self) -> str:
         """The options that change what a scan of one file reports."""
-        return repr((self.select, self.ignore, self.per_file_ignores, self.root))
+        return repr((self.select, self.ignore, self.per_file_ignores, self.root, self.policy))
 
 
 def _relative_posix(path: str, root: str) -> str:
@@ -121,7 +130,8 @@ def load_config(start: Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{pyproject}: {exc}") from exc
     table = data.get("tool", {}).get("kaudit", {})
-    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup", "benchmark"}
+    known = {"select", "ignore", "per-file-ignores", "jobs", "suspicious-speedup", "benchmark",
+             "policy"}
     unknown = set(table) - known
     if unknown:
         raise ConfigError(f"{pyproject}: unknown [tool.kaudit] keys: {', '.join(sorted(unknown))}")
@@ -135,6 +145,7 @@ def load_config(start: Path | None = None) -> Config:
         jobs=int(table.get("jobs", 1)),
         suspicious_speedup=float(table.get("suspicious-speedup", 10.0)),
         benchmark=_benchmark(table.get("benchmark"), pyproject),
+        policy=str(table.get("policy", "kernelbench")),
         root=str(pyproject.parent),
     )
 

@@ -87,8 +87,8 @@ def scan_text(text: str | bytes, display: str, config: Config,
               entry: EntryPoint = MODEL_NEW) -> FileResult:
     if isinstance(text, bytes):
         decoded, problem = decode_source(text)
-        return check_model(SourceModel(display, decoded, problem, entry), config)
-    return check_model(SourceModel(display, text, entry=entry), config)
+        return check_model(SourceModel(display, decoded, problem, entry, config.policy), config)
+    return check_model(SourceModel(display, text, entry=entry, policy=config.policy), config)
 
 
 def scan_file(file: str, display: str, explicit: bool, config: Config,
@@ -99,7 +99,7 @@ def scan_file(file: str, display: str, explicit: bool, config: Config,
         text, problem = read_source(Path(file))
         if text is not None and not explicit and entry == MODEL_NEW and MARKER not in text:
             return FileResult(display, skipped=True)
-        return check_model(SourceModel(display, text, problem, entry), config)
+        return check_model(SourceModel(display, text, problem, entry, config.policy), config)
     except Exception as exc:  # never a traceback for one bad file
         return FileResult(display, errors=[ScanError(
             display, f"internal error: {exc.__class__.__name__}: {exc}", internal=True)])

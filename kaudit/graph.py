@@ -14,7 +14,7 @@ import networkx as nx
 from kaudit.cpp import CppIndex
 from kaudit.dataflow import Source, forward_flows
 from kaudit.findings import Location
-from kaudit.forward import ForwardAnalysis, OpKind, methods_of
+from kaudit.forward import ForwardAnalysis, Op, OpKind
 from kaudit.python_scope import dotted_parts
 from kaudit.source import FunctionNode, SourceModel
 
@@ -32,6 +32,8 @@ class KernelGraph:
         self.analysis = ForwardAnalysis.of(model)
         self.cpp = CppIndex.of(model)
         self.forward: str | None = None
+        #: `backward` of the autograd Functions forward reaches: they run in the backward pass
+        self.backward: list[str] = []
         self.unbound_extension_calls: list[str] = []
         self._add_cpp()
         self._add_triton()
@@ -129,14 +131,23 @@ class KernelGraph:
         for function in analysis.reachable:
             self._python_node(function)
         # What __init__ uses (weight preparation kernels, say) is used, though not on the forward path.
-        init = methods_of(analysis.model_new).get("__init__") if analysis.model_new else None
+        init = analysis.methods(analysis.model_new).get("__init__") if analysis.model_new else None
         if init is not None:
             self._add_ops(init, analysis.ops_in(init.body, analysis.model_new))
         if analysis.forward is not None:
             self.forward = self._python_node(analysis.forward)
             self.graph.nodes[self.forward]["kind"] = "forward"
+            for rebound in analysis.rebound:  # `self.forward = self._fast_path` in __init__
+                self.graph.add_edge(self.forward, self._python_node(rebound), kind="calls",
+                                    location=self.model.header_location(rebound))
         for function in analysis.reachable:
             self._add_ops(function, analysis.function_ops(function))
+            owner = analysis.class_of(function)
+            backward = analysis.methods(owner).get("backward") \
+                if owner is not None and function.name == "forward" else None
+            if backward is not None and backward not in analysis.reachable:
+                self._add_ops(backward, analysis.ops_in(backward.body, owner))
+                self.backward.append(self._python_node(backward))
         for flow in forward_flows(analysis):
             for producer in flow.producers:
                 if producer.source is not Source.UNKNOWN:
@@ -157,19 +168,22 @@ class KernelGraph:
                 self.graph.add_edge(source, self._python_node(op.target), kind="calls",
                                     location=location)
             elif op.kind is OpKind.CUSTOM_KERNEL:
-                self.graph.add_edge(source, self._custom_node(op.node, location), kind=(
-                    "launches" if isinstance(op.node, ast.Call)
-                    and isinstance(op.node.func, ast.Subscript) else "calls"), location=location)
+                target = self._custom_node(op.node, op.callee, location)
+                self.graph.add_edge(source, target, kind=(
+                    "launches" if target.startswith("triton:") else "calls"), location=location)
             elif op.kind in (OpKind.REFERENCE_OP, OpKind.REFERENCE_MODEL):
                 node = self._node(f"torch:{op.description}", "torch", op.description, location)
                 self.graph.add_edge(source, node, kind="calls", location=location)
 
-    def _custom_node(self, call: ast.AST, location: Location) -> str:
+    def _custom_node(self, call: ast.AST, callee: str, location: Location) -> str:
         assert isinstance(call, ast.Call)
         if isinstance(call.func, ast.Subscript):
-            name = (dotted_parts(call.func.value) or ["?"])[-1]
-            return f"triton:{name}"
+            name = callee or (dotted_parts(call.func.value) or ["?"])[-1]
+            if name in self.model.triton_kernels:
+                return f"triton:{name}"
         parts = dotted_parts(call.func) or ["?"]
+        if callee and not callee.startswith("torch."):
+            parts = [callee]
         if parts[0] == "torch":
             node = self._node(f"op:{'.'.join(parts)}", "custom-op", ".".join(parts), location)
             if f"ext:{parts[-1]}" in self.graph:  # registered with TORCH_LIBRARY in this file
@@ -184,7 +198,7 @@ class KernelGraph:
     def _producer_node(self, producer) -> str:
         location = self.model.location(producer.node)
         if producer.source is Source.CUSTOM and isinstance(producer.node, ast.Call):
-            return self._custom_node(producer.node, location)
+            return self._custom_node(producer.node, producer.callee, location)
         kind = "torch" if producer.source is Source.REFERENCE else "value"
         prefix = "torch" if kind == "torch" else "value"
         return self._node(f"{prefix}:{producer.description}", kind, producer.description, location)

@@ -227,10 +227,12 @@ class SourceModel:
     """Everything the static rules know about one Python kernel file."""
 
     def __init__(self, path: str, text: str | None, problem: InputProblem | None = None,
-                 entry: EntryPoint = MODEL_NEW) -> None:
+                 entry: EntryPoint = MODEL_NEW, policy: str = "kernelbench") -> None:
         self.path = path
         #: what the benchmark calls: `class ModelNew` unless an adapter says otherwise
         self.entry = entry
+        #: the scan's policy (`kaudit.config.POLICIES`): what a submission may keep in PyTorch
+        self.policy = policy
         self.text = text or ""
         self.lines = split_lines(self.text)
         self.index = LineIndex(self.text)
@@ -367,7 +369,18 @@ class SourceModel:
         """The entry point's class (`class ModelNew` for KernelBench); None for a function entry."""
         if not self.entry.may_be_class:
             return None
-        return next((self.classes[n] for n in self.entry.names if n in self.classes), None)
+        return next((found for found in map(self._class_named, self.entry.names) if found), None)
+
+    def _class_named(self, name: str) -> ast.ClassDef | None:
+        """`class NAME`, or the class `NAME = SomeClass` binds at module level."""
+        found = self.classes.get(name)
+        if found is None and self.module is not None:
+            for statement in self.module.body:
+                if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name) \
+                        and statement.value.id in self.classes and any(
+                            isinstance(t, ast.Name) and t.id == name for t in statement.targets):
+                    found = self.classes[statement.value.id]
+        return found
 
     @property
     def entry_function(self) -> FunctionNode | None:

@@ -14,8 +14,12 @@ class FallbackBranch(Rule):
     Reports an `except` clause on a forward path whose handler runs a PyTorch compute op or the
     reference model, and an `if`/`elif` (or `a if c else b`) where one branch runs the reference
     without any custom kernel while the other branch (or, after an early `return`, the rest of
-    the function) calls the custom kernel. Helpers are followed. A `try` around `load_inline` that
-    re-raises, or a handler that only logs, is not reported.
+    the function) calls the custom kernel. Helpers are followed, and so are extension handles set
+    in `__init__` (also inside `try`, with `None` in the `except`); a fallback written with
+    operators (`a * b`) counts. A `try` around `load_inline` that re-raises, a handler that only
+    logs, and a condition on a loop's position (`if i == len(self.layers) - 1:` choosing
+    `torch.mm` for the last layer) are not reported: under `--policy kernelbench` KA108 lists
+    what stays in PyTorch.
 
     ## Why is this bad?
     The custom kernel may fail to build, raise, or be skipped for the benchmark's device, dtype
@@ -52,6 +56,8 @@ class FallbackBranch(Rule):
                             f"this `except` falls back to {ops[0].description} "
                             f"(line {model.line_of(ops[0].node)}) when the custom path raises")
             for node, first, second in _alternatives(function.body):
+                if _loop_position(node, function):
+                    continue  # the last layer of a loop, by design: not a fallback
                 kinds = (analysis.kinds_reached(first, owner), analysis.kinds_reached(second, owner))
                 for fallback in (0, 1):
                     if kinds[fallback] & REFERENCE_KINDS \
@@ -90,6 +96,34 @@ def _alternatives(body: Sequence[ast.stmt]
     for node in walk_code(body):
         if isinstance(node, ast.IfExp):
             yield node, [node.body], [node.orelse]
+
+
+def _loop_position(node: ast.AST, function: ast.AST) -> bool:
+    """The condition depends only on the counters of the loops around it (`i == n - 1`,
+    `is_last = i == len(self.layers) - 1`)."""
+    test = getattr(node, "test", None)
+    if test is None:
+        return False
+    counters: set[str] = set()
+    for loop in ast.walk(function):
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and any(
+                inner is node for statement in loop.body for inner in ast.walk(statement)):
+            counters.update(n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name))
+    if not counters:
+        return False
+    neutral = {"self", "len", "range", "min", "max", "abs"}
+    derived = set(counters)
+    assignments = [(t.id, n.value) for n in ast.walk(function) if isinstance(n, ast.Assign)
+                   for t in n.targets if isinstance(t, ast.Name)]
+    for _ in range(3):
+        for name, value in assignments:
+            names = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} - neutral
+            if names and names <= derived:
+                derived.add(name)
+    used = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} - neutral
+    probes = [n for n in ast.walk(test) if isinstance(n, ast.Attribute)
+              and not (isinstance(n.value, ast.Name) and n.value.id == "self")]
+    return bool(used) and used <= derived and not probes  # `chunk.is_cuda` is a device test
 
 
 def _leaves(body: Sequence[ast.stmt]) -> bool:

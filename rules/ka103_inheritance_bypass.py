@@ -1,7 +1,8 @@
+import ast
 from collections.abc import Iterable
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.forward import ForwardAnalysis, OpKind, is_reference_model_name, methods_of
+from kaudit.forward import ForwardAnalysis, OpKind
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
@@ -10,9 +11,12 @@ class InheritanceBypass(Rule):
     """`ModelNew` reuses the reference `Model` instead of replacing it.
 
     ## What it does
-    Reports a `ModelNew` that subclasses the reference `Model`, defines no `forward` of its own,
-    calls `super().forward(...)` or `Model.forward(self, ...)`, or builds a `Model` and calls it on
-    a forward path. Building a `Model` only to copy its initialised weights is not reported.
+    Reports a `ModelNew` that subclasses the reference `Model`, is the reference (`ModelNew =
+    Model`), defines no `forward` of its own, calls `super().forward(...)` or
+    `Model.forward(self, ...)`, or builds a `Model` and calls it on a forward path. Building a
+    `Model` only to copy its initialised weights is not reported. A class named `Model` defined in
+    the file whose forward runs custom kernels is the submission's own rewritten model, not the
+    reference: wrapping or aliasing it is not reported.
 
     ## Why is this bad?
     The reference computation then produces the output: correctness checks pass by construction
@@ -37,10 +41,15 @@ class InheritanceBypass(Rule):
         if cls is None:
             return
         analysis = ForwardAnalysis.of(model)
-        inherits = [base for base in cls.bases if is_reference_model_name(model, base)]
-        own_forward = bool(methods_of(cls).keys() & {"forward", "__call__"})
         header = model.header_location(cls)
         name = f"`{cls.name}`"
+        if cls.name not in model.entry.names:  # `ModelNew = SomeClass`
+            if analysis.is_reference(ast.Name(id=cls.name, ctx=ast.Load())):
+                yield self.report(model, header, f"`{model.entry.names[0]}` is bound to the "
+                                  f"reference `{cls.name}`: the reference computes the output")
+            return
+        inherits = [base for base in cls.bases if analysis.is_reference(base)]
+        own_forward = bool(analysis.methods(cls).keys() & {"forward", "__call__"})
         if inherits and not own_forward:
             yield self.report(model, header,
                               f"{name} subclasses the reference `Model` and defines no forward: "

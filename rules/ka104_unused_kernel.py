@@ -11,8 +11,9 @@ class UnusedKernel(Rule):
 
     ## What it does
     Reports, in the kernel graph, each `__global__` kernel and `@triton.jit` function that no path
-    from `ModelNew.forward` (or `__init__`) launches, and each compiled extension function
-    (`functions=[...]` of `load_inline`, `m.def` bindings) that neither calls.
+    from `ModelNew.forward` (or `__init__`, or the `backward` of an autograd Function forward
+    reaches) launches, and each compiled extension function (`functions=[...]` of `load_inline`,
+    `m.def` bindings) that none of them calls.
 
     ## Why is this bad?
     A kernel that never runs proves nothing, but it makes a file look like a custom-kernel
@@ -46,6 +47,8 @@ class UnusedKernel(Rule):
             return
         init = f"py:{model.model_new.name}.__init__" if model.model_new else ""
         used = graph.reachable_from(graph.forward) | graph.reachable_from(init)
+        for backward in graph.backward:
+            used |= graph.reachable_from(backward)
         for node in graph.nodes_of_kind("kernel", "triton", "extension"):
             if node in used:
                 continue

@@ -6,12 +6,12 @@ import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
+from kaudit.forward import ForwardAnalysis, OpKind
 from kaudit.integrity import (
     ModuleFacts,
     callers_of,
     calls_in,
     compact,
-    forward_functions,
     local_values,
     method_name,
     model_new_init,
@@ -51,11 +51,14 @@ _NULL_STREAMS = frozenset({"0", "nullptr", "NULL", "cudaStreamDefault", "(cudaSt
                            "static_cast<cudaStream_t>(0)", "cudaStream_t(0)", "0L", "0u"})
 
 
+GRAPH_CAPTURES = frozenset({"torch.cuda.graph", "torch.cuda.graphs.graph"})
+
+
 @dataclass
 class _Stream:
     label: str
     creation: ast.Call
-    uses_forward: list[ast.AST] = field(default_factory=list)
+    uses_forward: list["_Event"] = field(default_factory=list)
     uses_init: list[ast.AST] = field(default_factory=list)
 
 
@@ -66,11 +69,14 @@ class SideStream(Rule):
     In Python, finds streams created with `torch.cuda.Stream(...)` (any alias, also
     `torch.Stream`, `ExternalStream`) and used on a forward path or in `ModelNew.__init__`:
     `with torch.cuda.stream(s):`, `stream=s` or `stream=s.cuda_stream` arguments, `s.wait_stream`,
-    `s.cuda_stream` handed to an extension. The stream is joined when the forward path (or, for
-    work done only in `__init__`, `__init__` or the forward path) calls
-    `torch.cuda.current_stream().wait_stream(s)` outside the stream's own `with` block,
-    `torch.cuda.synchronize()`, any `.synchronize()`, or waits on an event
-    (`current_stream().wait_event(e)`, `e.wait()`). In C++/CUDA, finds `cudaStreamCreate*`,
+    `s.cuda_stream` handed to an extension. The stream is joined when, after the work, the forward
+    path calls `torch.cuda.current_stream().wait_stream(s)` outside the stream's own `with` block,
+    `torch.cuda.synchronize()`, `s.synchronize()` (not the current stream's), or waits on an
+    event (`current_stream().wait_event(e)`, `e.wait()`), and that join runs whenever the work
+    runs: a join made only on the first call (a warm-up), inside a graph capture, or under a
+    condition the work is not also under (`if x.requires_grad:`) does not count. The forward path
+    is walked in execution order with its helpers inlined. Work done only in `__init__` is joined
+    by any join in `__init__` or on the forward path. In C++/CUDA, finds `cudaStreamCreate*`,
     `at::cuda::getStreamFromPool`, `cublasSetStream`/`cublasSetStream_v2` (and the cuDNN, cuSPARSE,
     cuFFT equivalents) given a stream other than the current one, and `k<<<g, b, smem, stream>>>`
     launches whose stream is not `0`, `nullptr`, `at::cuda::getCurrentCUDAStream()` (any
@@ -141,40 +147,39 @@ class SideStream(Rule):
         for call in creations:
             if id(call) not in assigned:
                 streams.append(_Stream("torch.cuda.Stream(...)", call))
-        forward = forward_functions(model)
+        analysis = ForwardAnalysis.of(model)
         init = model_new_init(model)
-        scopes = [(f, True) for f in forward]
-        if init is not None and init not in forward:
-            scopes.append((init, False))
-        checker = _PyStreams(model, streams, names)
-        for function, _ in scopes:
+        checker = _PyStreams(model, streams, names, analysis)
+        for function in analysis.reachable + ([init] if init is not None else []):
             checker.add_aliases(function)
-        forward_joined = False
-        init_joined = False
-        for function, on_forward in scopes:
-            joined = checker.scan(function, on_forward)
-            if on_forward:
-                forward_joined |= joined
-            else:
-                init_joined |= joined
+        if analysis.forward is not None:
+            checker.walk(analysis.forward, analysis.model_new)
+        init_joined = init is not None and checker.scan_init(init)
+        forward_joins_any = bool(checker.joins)
         fake = ""
         if checker.fake_joins:
             fake = (f" (the `wait_stream` at line {model.line_of(checker.fake_joins[0])} is inside "
                     "the stream's own `with` block, where the current stream is the side stream)")
-        for stream in streams:
-            use = None
-            if stream.uses_forward and not forward_joined:
-                use, where = min(stream.uses_forward, key=model.line_of), "the forward path"
-            elif stream.uses_init and not (forward_joined or init_joined):
+        for i, stream in enumerate(streams):
+            use, where, why = None, "", ""
+            unjoined = [u for u in stream.uses_forward if not checker.joined(i, u)]
+            if unjoined:
+                use, where = min(unjoined, key=lambda u: u.order).node, "the forward path"
+                if checker.joins_of(i):
+                    why = (": the only joins run on some calls only (a first-call warm-up, a "
+                           "graph capture or a condition such as `x.requires_grad`), or before "
+                           "the work")
+            elif stream.uses_init and not (forward_joins_any or init_joined):
                 use, where = min(stream.uses_init, key=model.line_of), model.entry_member("__init__")
             if use is None:
                 continue
             yield self.report(
                 model, stream.creation,
                 f"stream `{stream.label}` created here runs work on {where} (line "
-                f"{model.line_of(use)}: `{_short(model, use)}`) and nothing joins it back: no "
-                "`torch.cuda.current_stream().wait_stream(...)`, `synchronize()` or event wait "
-                f"on the forward path{fake}, so the timer never waits for that work")
+                f"{model.line_of(use)}: `{_short(model, use)}`) and nothing joins it back"
+                f"{why or ''}: no `torch.cuda.current_stream().wait_stream(...)`, "
+                f"`synchronize()` or event wait on every call{fake}, so the timer never waits "
+                "for that work")
 
     # --- C++ ----------------------------------------------------------------------------------
 
@@ -237,15 +242,34 @@ class SideStream(Rule):
                 f"`{function.name}` never synchronises it back, so the timer never waits for it")
 
 
-class _PyStreams:
-    """Aliases, uses and joins of the Python streams of one file."""
+@dataclass(frozen=True)
+class _Event:
+    """A use of a stream, or a join, met while walking the forward path in execution order."""
 
-    def __init__(self, model: SourceModel, streams: list[_Stream], names: dict[str, set[int]]):
+    node: ast.AST
+    order: int
+    branches: frozenset[tuple[int, str]]  # the conditional parts it runs under
+
+
+class _PyStreams:
+    """Aliases, uses and joins of the Python streams of one file. The forward path is walked in
+    execution order with helpers inlined at their call sites, remembering under which branches
+    each use and each join runs: a join counts for a use only when it comes after it and runs
+    whenever the use does (not only on a first call, in a graph capture or `if x.requires_grad`)."""
+
+    def __init__(self, model: SourceModel, streams: list[_Stream], names: dict[str, set[int]],
+                 analysis: ForwardAnalysis):
         self.model = model
+        self.analysis = analysis
         self.streams = streams
         self.names = names
         self.inline = {id(s.creation): i for i, s in enumerate(streams)}
         self.fake_joins: list[ast.AST] = []
+        #: (streams joined, or None for all) -> the join
+        self.joins: list[tuple[set[int] | None, _Event]] = []
+        self.current_names: set[str] = set()
+        self._order = 0
+        self._active: set[int] = set()
 
     def refs(self, expr: ast.AST | None) -> set[int]:
         """Which streams an expression denotes (`self.side`, `self.streams[i]`, an alias)."""
@@ -276,62 +300,173 @@ class _PyStreams:
                     target, value, whole = node.optional_vars, node.context_expr, False
                 else:
                     continue
+                if not whole and self._is_current_stream(value):
+                    self.current_names.update(_plain_names(target))
+                    continue
                 found = self.mentioned(value) if whole else self.refs(value)
                 if not found:
                     continue
                 for name in _plain_names(target):
                     self.names.setdefault(name, set()).update(found)
 
-    def scan(self, function: FunctionNode, on_forward: bool) -> bool:
-        """Record uses of streams in `function`; True when it joins a side stream back."""
-        model = self.model
-        inside_stream_block: set[int] = set()
-        joined = False
-        for node in ast.walk(function):
-            if isinstance(node, (ast.With, ast.AsyncWith)):
-                for item in node.items:
-                    call = item.context_expr
-                    if isinstance(call, ast.Call) and \
-                            model.bindings.resolve(call.func) in STREAM_SCOPES:
-                        argument = call.args[0] if call.args else _keyword(call, "stream")
-                        found = self.refs(argument)
-                        self._use(found, call, on_forward)
-                        if found:
-                            for inner in node.body:
-                                inside_stream_block.update(id(n) for n in ast.walk(inner))
-        for node in ast.walk(function):
-            if isinstance(node, ast.Attribute) and node.attr == "cuda_stream":
-                self._use(self.refs(node.value), node, on_forward)
-            if not isinstance(node, ast.Call):
-                continue
-            resolved = model.bindings.resolve(node.func)
-            method = method_name(node)
-            receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
-            if resolved in STREAM_SCOPES:
-                argument = node.args[0] if node.args else _keyword(node, "stream")
-                self._use(self.refs(argument), node, on_forward)
-            stream_arg = _keyword(node, "stream")
-            if stream_arg is not None:
-                self._use(self.refs(stream_arg), node, on_forward)
-            if resolved == "torch.cuda.synchronize" or method == "synchronize":
-                joined = True
-            elif method in ("wait_stream", "wait_event"):
-                if self.refs(receiver):
-                    self._use(self.refs(receiver), node, on_forward)
-                elif id(node) not in inside_stream_block:
-                    joined = True
-                else:
-                    self.fake_joins.append(node)
-            elif method == "wait":
-                if not node.args or not self.refs(node.args[0]):
-                    joined = True
-            elif method == "record_stream" and node.args:
-                self._use(self.refs(node.args[0]), node, on_forward)
-        return joined
+    def _is_current_stream(self, expr: ast.AST) -> bool:
+        return isinstance(expr, ast.Call) and self.model.bindings.resolve(expr.func) in (
+            "torch.cuda.current_stream", "torch.cuda.default_stream")
 
-    def _use(self, found: set[int], node: ast.AST, on_forward: bool) -> None:
+    # --- the forward path, in execution order -------------------------------------------------
+
+    def walk(self, function: FunctionNode, cls: ast.ClassDef | None,
+             branches: frozenset[tuple[int, str]] = frozenset()) -> None:
+        if id(function) in self._active:
+            return  # recursion: the body was walked on the way in
+        self._active.add(id(function))
+        try:
+            self._block(function.body, cls, branches, set())
+        finally:
+            self._active.discard(id(function))
+
+    def _block(self, statements: list[ast.stmt], cls, branches, in_stream: set[int]) -> None:
+        for statement in statements:
+            self._statement(statement, cls, branches, in_stream)
+
+    def _statement(self, node: ast.stmt, cls, branches, in_stream: set[int]) -> None:
+        def part(name: str, owner: ast.AST = node) -> frozenset[tuple[int, str]]:
+            return branches | {(id(owner), name)}
+
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(node, ast.If):
+            self._expression(node.test, cls, branches, in_stream)
+            self._block(node.body, cls, part("body"), in_stream)
+            self._block(node.orelse, cls, part("orelse"), in_stream)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            self._expression(node.iter if not isinstance(node, ast.While) else node.test, cls,
+                             branches, in_stream)
+            self._block(node.body, cls, part("body"), in_stream)
+            self._block(node.orelse, cls, part("orelse"), in_stream)
+        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            self._block(node.body, cls, branches, in_stream)  # type: ignore[attr-defined]
+            for handler in node.handlers:  # type: ignore[attr-defined]
+                self._block(handler.body, cls, part("body", handler), in_stream)
+            self._block(node.orelse, cls, branches, in_stream)  # type: ignore[attr-defined]
+            self._block(node.finalbody, cls, branches, in_stream)  # type: ignore[attr-defined]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            inner_streams, inner = set(in_stream), branches
+            for item in node.items:
+                self._expression(item.context_expr, cls, branches, in_stream)
+                call = item.context_expr
+                resolved = self.model.bindings.resolve(call.func) \
+                    if isinstance(call, ast.Call) else None
+                if resolved in STREAM_SCOPES:
+                    argument = call.args[0] if call.args else _keyword(call, "stream")
+                    inner_streams |= self.refs(argument)
+                elif resolved in GRAPH_CAPTURES:
+                    inner = inner | {(id(node), "capture")}  # runs when the graph is captured
+            self._block(node.body, cls, inner, inner_streams)
+        elif isinstance(node, ast.Match):
+            self._expression(node.subject, cls, branches, in_stream)
+            for case in node.cases:
+                self._block(case.body, cls, part("body", case), in_stream)
+        else:
+            self._expression(node, cls, branches, in_stream)
+
+    def _expression(self, node: ast.AST, cls, branches, in_stream: set[int]) -> None:
+        """Calls in source order (arguments before the call), helpers inlined."""
+        calls: list[ast.AST] = []
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if isinstance(current, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef,
+                                    ast.ClassDef)):
+                continue
+            if isinstance(current, (ast.Call, ast.Attribute)):
+                calls.append(current)
+            if isinstance(current, ast.IfExp):
+                self._expression(current.test, cls, branches, in_stream)
+                self._expression(current.body, cls, branches | {(id(current), "body")}, in_stream)
+                self._expression(current.orelse, cls, branches | {(id(current), "orelse")},
+                                 in_stream)
+                continue
+            stack.extend(ast.iter_child_nodes(current))
+        calls.sort(key=lambda n: (getattr(n, "end_lineno", 0), getattr(n, "end_col_offset", 0)))
+        for call in calls:
+            self._event(call, cls, branches, in_stream)
+
+    def _event(self, node: ast.AST, cls, branches, in_stream: set[int]) -> None:
+        self._order += 1
+        event = _Event(node, self._order, frozenset(branches))
+        if isinstance(node, ast.Attribute):
+            if node.attr == "cuda_stream":
+                self._use(self.refs(node.value), event)
+            return
+        assert isinstance(node, ast.Call)
+        model = self.model
+        resolved = model.bindings.resolve(node.func)
+        method = method_name(node)
+        receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+        if resolved in STREAM_SCOPES:
+            argument = node.args[0] if node.args else _keyword(node, "stream")
+            self._use(self.refs(argument), event)
+        stream_arg = _keyword(node, "stream")
+        if stream_arg is not None:
+            self._use(self.refs(stream_arg), event)
+        if resolved == "torch.cuda.synchronize" or (resolved or "").endswith(
+                "cuda.device_synchronize"):
+            self.joins.append((None, event))
+        elif method == "synchronize" and receiver is not None:
+            joined = self.refs(receiver)
+            if joined:
+                self.joins.append((joined, event))
+            elif not (self._is_current_stream(receiver)
+                      or (isinstance(receiver, ast.Name) and receiver.id in self.current_names)):
+                self.joins.append((None, event))  # an event's or device's synchronize
+        elif method in ("wait_stream", "wait_event"):
+            if self.refs(receiver):
+                self._use(self.refs(receiver), event)
+            elif in_stream:
+                self.fake_joins.append(node)
+            else:
+                joined = self.refs(node.args[0]) if method == "wait_stream" and node.args else set()
+                self.joins.append((joined or None, event))
+        elif method == "wait":
+            if not node.args or not self.refs(node.args[0]):
+                self.joins.append((None, event))
+        elif method == "record_stream" and node.args:
+            self._use(self.refs(node.args[0]), event)
+        for op in self.analysis.classify_all(node, cls):
+            if op.kind is OpKind.HELPER and op.target is not None:
+                owner = self.analysis.owner.get(op.target, self.analysis.class_of(op.target))
+                self.walk(op.target, owner, branches)
+
+    def _use(self, found: set[int], event: _Event) -> None:
         for i in found:
-            (self.streams[i].uses_forward if on_forward else self.streams[i].uses_init).append(node)
+            self.streams[i].uses_forward.append(event)
+
+    def joins_of(self, stream: int) -> list[_Event]:
+        return [event for streams, event in self.joins if streams is None or stream in streams]
+
+    def joined(self, stream: int, use: _Event) -> bool:
+        """A join of this stream comes after the use and runs whenever the use runs."""
+        return any(join.order > use.order and join.branches <= use.branches
+                   for join in self.joins_of(stream))
+
+    def scan_init(self, init: FunctionNode) -> bool:
+        """Record `__init__`'s uses; True when it joins anything back."""
+        joined = False
+        for node in ast.walk(init):
+            if isinstance(node, ast.Call):
+                resolved = self.model.bindings.resolve(node.func)
+                method = method_name(node)
+                if resolved in STREAM_SCOPES:
+                    argument = node.args[0] if node.args else _keyword(node, "stream")
+                    for i in self.refs(argument):
+                        self.streams[i].uses_init.append(node)
+                if resolved == "torch.cuda.synchronize" or method in ("synchronize", "wait",
+                                                                      "wait_event"):
+                    joined = True
+                elif method == "wait_stream" and not self.refs(node.func.value):  # type: ignore[attr-defined]
+                    joined = True
+        return joined
 
 
 def _plain_names(target: ast.AST) -> list[str]:

@@ -59,8 +59,10 @@ class OutputCaching(Rule):
       path is not preceded, in the same function, by copying the inputs into the graph's static
       buffers (`static_x.copy_(x)` or `static_x[...] = x`).
     Caching a compiled extension, weights transposed once, kernels or configurations keyed by
-    dtype or shape, and output buffers reused across calls (and written by a kernel each call) are
-    not reported.
+    dtype or shape, and output buffers reused across calls are not reported when every call
+    writes them before returning them: handed to a kernel, `torch.op(..., out=buf)`,
+    `buf.copy_(...)`, an in-place method (`buf.addmm_(...)`) or `buf[...] = ...`, outside any
+    branch the return is not also in (a write made only on the first call does not count).
 
     ## Why is this bad?
     Harnesses run the kernel on the same inputs several times (warm-up, correctness trials, timed
@@ -182,6 +184,12 @@ class OutputCaching(Rule):
                     parents = _parents(function)
                     replays = [n.lineno for n in _walk(function.body)
                                if isinstance(n, ast.Call) and method_name(n) == "replay"]
+                    # a helper that replays the graph (`if self._run_graph(x): return out`)
+                    replays += [getattr(op.node, "lineno", 0) for op in
+                                analysis.function_ops(function)
+                                if op.kind is OpKind.HELPER and op.target is not None
+                                and any(isinstance(n, ast.Call) and method_name(n) == "replay"
+                                        for n in _walk(op.target.body))]
                 if reads and any(line <= ret.lineno for line in replays or ()):
                     continue  # a graph's static output, refreshed by the replay (see `_graphs`)
                 for read in reads:
@@ -192,7 +200,8 @@ class OutputCaching(Rule):
                     if not conditional and not (own and all(_inside_branch(s[1], parents)
                                                              for s in own)):
                         continue
-                    if _consumed(read, ret, analysis.function_ops(function)):
+                    if _consumed(read, ret, analysis.function_ops(function), parents) \
+                            or _rewritten(read, ret, function, parents, model):
                         continue
                     reported.add(id(read.node))
                     store = stores[read.key][0][1]
@@ -254,7 +263,7 @@ class OutputCaching(Rule):
                 if not (isinstance(node, ast.Call) and method_name(node) == "replay"
                         and not node.args):
                     continue
-                if self._fresh_inputs_copied(model, analysis, function, node.lineno, ops):
+                if self._fresh_inputs_copied(model, analysis, function, node, ops):
                     continue
                 yield self.report(
                     model, node,
@@ -265,9 +274,15 @@ class OutputCaching(Rule):
 
     @staticmethod
     def _fresh_inputs_copied(model: SourceModel, analysis: ForwardAnalysis,
-                             function: FunctionNode, line: int, ops: list[Op]) -> bool:
+                             function: FunctionNode, replay: ast.Call, ops: list[Op]) -> bool:
+        """This call's inputs reach the graph's static buffers before the replay, on every path
+        that replays: `static_x.copy_(x)`, `static_x[...] = x`, or static inputs cloned from
+        the inputs and then captured."""
+        line = replay.lineno
+        parents = _parents(function)
+        needed = _branches(replay, parents)
         for node in _walk(function.body):
-            if getattr(node, "lineno", line + 1) > line:
+            if getattr(node, "lineno", line + 1) > line or not _branches(node, parents) <= needed:
                 continue
             if isinstance(node, ast.Call) and method_name(node) == "copy_" and node.args \
                     and depends_on_inputs(model, function, node.args[0]):
@@ -276,6 +291,10 @@ class OutputCaching(Rule):
                                                     for t in node.targets) \
                     and depends_on_inputs(model, function, node.value):
                 return True
+            if isinstance(node, ast.Assign) and depends_on_inputs(model, function, node.value) \
+                    and any(isinstance(n, ast.Call) and method_name(n) in ("clone", "copy_")
+                            for n in ast.walk(node.value)):
+                return True  # static inputs cloned from this call's inputs, then captured
         for op in ops:  # a helper that copies its arguments into the static buffers
             if op.kind is OpKind.HELPER and op.target is not None \
                     and getattr(op.node, "lineno", line + 1) <= line \
@@ -411,9 +430,10 @@ def _module_names(model: SourceModel) -> set[str]:
     return model.memo("module-names", build)
 
 
-def _consumed(read: _Read, ret: ast.Return, ops: list[Op]) -> bool:
-    """The returned buffer is handed to a kernel (or a helper) before it is returned, so it is
-    a reused output buffer, not a stored answer."""
+def _consumed(read: _Read, ret: ast.Return, ops: list[Op], parents: dict[int, ast.AST]) -> bool:
+    """The returned buffer is handed to a kernel (or a helper) before it is returned, on every
+    path that reaches the return, so it is a reused output buffer, not a stored answer."""
+    needed = _branches(ret, parents)
     wanted = {ast.dump(read.node)}
     if read.via is not None:
         wanted.add(ast.dump(read.via))
@@ -424,9 +444,126 @@ def _consumed(read: _Read, ret: ast.Return, ops: list[Op]) -> bool:
         if line > ret.lineno or (read.via is not None and line < read.node.lineno):
             continue
         arguments = [*op.node.args, *(k.value for k in op.node.keywords)]
-        if any(ast.dump(a) in wanted for a in arguments):
+        if any(ast.dump(a) in wanted for a in arguments) and \
+                _branches(op.node, parents) <= needed:
             return True
     return False
+
+
+def _rewritten(read: _Read, ret: ast.Return, function: FunctionNode,
+               parents: dict[int, ast.AST], model: SourceModel) -> bool:
+    """The returned attribute is written on every path that reaches the return, before it:
+    `torch.op(..., out=self.buf)`, `self.buf.copy_(...)`, `self.buf.add_(...)`, `self.buf[...] =
+    ...`, or `self.out = ...` just computed. A write under a branch the return is not also in (a
+    first-call warm-up, `if self.out is None: self.out = ...`) does not count."""
+    if read.index is not None:
+        return False  # a lookup in a cache keyed on the inputs
+    keys = {read.key} | ({read.via.id} if isinstance(read.via, ast.Name) else set())
+    for _ in range(2):  # `self.out_t = self.out.T` then `torch.matmul(..., out=self.out_t)`
+        for node in _walk(function.body):
+            if isinstance(node, ast.Assign) and _is_view_of(node.value, keys):
+                keys.update(".".join(p) for p in map(dotted_parts, node.targets) if p)
+    needed = _branches(ret, parents)
+    writes: set[frozenset[tuple[int, str]]] = set()
+    for node in _walk(function.body):
+        if getattr(node, "lineno", ret.lineno + 1) > ret.lineno:
+            continue
+        written = False
+        if isinstance(node, ast.Call):
+            out = next((k.value for k in node.keywords if k.arg == "out"), None)
+            method = method_name(node)
+            receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+            written = (out is not None and _is_view_of(out, keys)) or _pointer_passed(
+                node, keys, model) or (
+                receiver is not None and _is_view_of(receiver, keys) and method is not None
+                and method.endswith("_") and not method.startswith("_")
+                and method not in ("zero_", "fill_", "detach_", "requires_grad_"))
+        elif isinstance(node, ast.Assign):  # `self.buf[...] = v`, or `self.out = fresh` then return
+            written = any((isinstance(t, ast.Subscript) and _names(t.value, keys))
+                          or _names(t, {read.key}) for t in node.targets)
+        if written:
+            writes.add(frozenset(_branches(node, parents)))
+    return any(branches <= needed for branches in _joined(writes))
+
+
+def _joined(writes: set[frozenset[tuple[int, str]]]) -> set[frozenset[tuple[int, str]]]:
+    """Writes made in both arms of an `if` count as made before it."""
+    found = set(writes)
+    grew = True
+    while grew:
+        grew = False
+        for branches in list(found):
+            for conditional, part in branches:
+                if part != "body":
+                    continue
+                rest = branches - {(conditional, part)}
+                if rest | {(conditional, "orelse")} in found and rest not in found:
+                    found.add(rest)
+                    grew = True
+    return found
+
+
+_INSPECTING = frozenset({"print", "len", "isinstance", "id", "hash", "str", "repr", "type",
+                         "getattr", "hasattr", "bool", "float", "int"})
+
+
+def _pointer_passed(call: ast.Call, keys: set[str], model: SourceModel) -> bool:
+    """The buffer, a view of it or its `data_ptr()` is handed to code outside PyTorch (a kernel,
+    a helper: `self._matmul_into(a, b, self.out)`, `kernel(grid, block, (self.out.data_ptr(),
+    ...))`), which writes it."""
+    resolved = model.bindings.resolve(call.func) or ""
+    if resolved.startswith("torch.") or (isinstance(call.func, ast.Name)
+                                         and call.func.id in _INSPECTING):
+        return False
+    for argument in [*call.args, *(k.value for k in call.keywords)]:
+        for node in ast.walk(argument):
+            if isinstance(node, ast.Call) and method_name(node) == "data_ptr" \
+                    and _is_view_of(node.func.value, keys):  # type: ignore[attr-defined]
+                return True
+            if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) \
+                    and _is_view_of(node, keys):
+                return True
+    return False
+
+
+def _is_view_of(expr: ast.AST, keys: set[str]) -> bool:
+    """`buf.T`, `buf[0]`, `buf.view(...)`, `buf.transpose(0, 1)` for a `buf` in `keys`."""
+    while True:
+        if isinstance(expr, ast.Subscript) or (isinstance(expr, ast.Attribute)
+                                               and expr.attr in ("T", "mT")):
+            expr = expr.value
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and expr.func.attr in PASS_THROUGH | {"narrow", "select", "chunk", "split"}:
+            expr = expr.func.value
+        else:
+            parts = dotted_parts(expr)
+            return parts is not None and ".".join(parts) in keys
+
+
+def _names(expr: ast.AST, keys: set[str]) -> bool:
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    parts = dotted_parts(expr)
+    return parts is not None and ".".join(parts) in keys
+
+
+def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[int, str]]:
+    """The branches a node runs under: (conditional statement, which of its parts)."""
+    found: set[tuple[int, str]] = set()
+    child, current = node, parents.get(id(node))
+    while current is not None:
+        if isinstance(current, (ast.If, ast.IfExp, ast.While, ast.For, ast.ExceptHandler,
+                                ast.match_case)):
+            part = next((name for name in ("body", "orelse", "test", "iter")
+                         if _holds(getattr(current, name, None), child)), "")
+            if part in ("body", "orelse"):
+                found.add((id(current), part))
+        child, current = current, parents.get(id(current))
+    return found
+
+
+def _holds(field: object, child: ast.AST) -> bool:
+    return field is child or (isinstance(field, list) and any(item is child for item in field))
 
 
 def _keyed(model: SourceModel, read: _Read, function: FunctionNode) -> str:

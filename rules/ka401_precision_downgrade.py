@@ -9,8 +9,9 @@ import tree_sitter
 
 from kaudit.cpp import CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
+from kaudit.cpp_library import library_calls
 from kaudit.fix.edits import Edit, Fix, NoFix
-from kaudit.forward import ForwardAnalysis, methods_of, walk_code
+from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, methods_of, walk_code
 from kaudit.rule import Rule
 from kaudit.source import CudaUnit, SourceModel
 
@@ -48,6 +49,16 @@ _HOST_LOW_DTYPE = re.compile(r"\bk(?:Half|Float16|BFloat16|Float8_e4m3fn|Float8_
                              r"ScalarType::(?:Half|BFloat16)\b")
 _HOST_CAST_CALLS = frozenset({"to", "toType", "type", "dtype", "_to_copy", "view"})
 _AUTOCAST_EFFECT = "matmuls and convolutions inside it run in fp16/bf16"
+# Switches that change the precision of PyTorch's fp32 matmuls (their defaults are full fp32).
+_MATMUL_TF32_FLAGS = frozenset({"torch.backends.cuda.matmul.allow_tf32"})
+_MATMUL_PRECISION_SETTINGS = frozenset({"torch.backends.cuda.matmul.fp32_precision",
+                                        "torch.backends.fp32_precision"})
+# PyTorch ops (as KA101 and KA106 describe them) that run a cuBLAS matmul.
+_MATMUL_OPS = re.compile(
+    r"\b(matmul|mm|bmm|addmm|addmv|addbmm|baddbmm|mv|einsum|linear|Linear|Bilinear|bilinear|"
+    r"LSTM|GRU|RNN|LSTMCell|GRUCell|RNNCell|MultiheadAttention|Transformer\w*|tensordot|"
+    r"scaled_dot_product_attention|chain_matmul|multi_dot|gemm|bgemm)\b|`@`|library model|"
+    r"reference `Model`")
 _CUDA_NODE_TYPES = frozenset({"identifier", "type_identifier", "gnu_asm_expression"})
 
 
@@ -59,8 +70,12 @@ class PrecisionDowngrade(Rule):
     fp16/bf16 tensors): on the forward path and in `ModelNew.__init__`, casts to half precision
     (`.half()`, `.bfloat16()`, `.to(torch.float16)` under any alias, `dtype=torch.half` in
     allocations) and `torch.autocast`/`torch.cuda.amp.autocast` regions; anywhere in the file,
-    `torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 = True` and
-    `torch.set_float32_matmul_precision("high"/"medium")`; in `@triton.jit` kernels, casts to
+    `torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cuda.matmul.fp32_precision`
+    or `torch.backends.fp32_precision = "tf32"` and
+    `torch.set_float32_matmul_precision("high"/"medium")`, when the forward path runs a PyTorch
+    matmul they affect (`torch.matmul`, `nn.Linear`, `@`, an LSTM, `at::matmul` in the
+    extension); `cudnn.allow_tf32 = True` is PyTorch's default and is not reported, nor is a flag
+    PyTorch does not have; in `@triton.jit` kernels, casts to
     `tl.float16`/`tl.bfloat16`, `dtype=tl.float16` accumulators and `tl.dot(...,
     allow_tf32=True)` or `input_precision="tf32"`/`"tf32x3"`; in CUDA, the first use of `__half`,
     `half2`, `__nv_bfloat16`, their intrinsics (`__float2half`, `__hfma`), tf32 WMMA or f16/bf16/
@@ -138,27 +153,37 @@ class PrecisionDowngrade(Rule):
     # --- Python ---------------------------------------------------------------------------
 
     def _global_switches(self, model: SourceModel) -> Iterator[Finding]:
+        """Switches that turn on tf32 for fp32 matmuls, reported when the forward path runs a
+        PyTorch matmul they affect. cuDNN's convolutions already use tf32 by default
+        (`cudnn.allow_tf32`, `cudnn.conv.fp32_precision`): setting that again changes nothing,
+        and neither does assigning a flag PyTorch does not have."""
+        switches: list[tuple[ast.AST, str]] = []
         for node in model.nodes:
             if isinstance(node, ast.Assign) and _is_true(node.value):
                 for target in node.targets:
-                    name = model.bindings.resolve(target) or ""
-                    if name.startswith("torch.backends.") and name.endswith(".allow_tf32"):
-                        yield self.report(model, node, f"`{model.code_of(target)} = True` lets "
-                                          "fp32 matmuls/convolutions run in tf32", kind="tf32")
+                    if model.bindings.resolve(target) in _MATMUL_TF32_FLAGS:
+                        switches.append((node, f"`{model.code_of(target)} = True` lets fp32 "
+                                               "matmuls run in tf32"))
             elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
                     and node.value.value in _TF32_PRECISIONS:
                 for target in node.targets:
-                    name = model.bindings.resolve(target) or ""
-                    if name.startswith("torch.backends.") and name.endswith(".fp32_precision"):
-                        yield self.report(model, node, f"`{model.code_of(target)} = "
-                                          f"{node.value.value!r}` runs fp32 math in tf32", kind="tf32")
+                    if model.bindings.resolve(target) in _MATMUL_PRECISION_SETTINGS:
+                        switches.append((node, f"`{model.code_of(target)} = "
+                                               f"{node.value.value!r}` runs fp32 matmuls in tf32"))
             elif isinstance(node, ast.Call) and \
                     model.bindings.resolve(node.func) == "torch.set_float32_matmul_precision":
                 arg = node.args[0] if node.args else next(
                     (k.value for k in node.keywords if k.arg == "precision"), None)
                 if isinstance(arg, ast.Constant) and arg.value in ("high", "medium"):
-                    yield self.report(model, node, f"`torch.set_float32_matmul_precision("
-                                      f"{arg.value!r})` runs fp32 matmuls in tf32/bf16", kind="tf32")
+                    switches.append((node, f"`torch.set_float32_matmul_precision({arg.value!r})` "
+                                           "runs fp32 matmuls in tf32/bf16"))
+        if not switches:
+            return
+        matmul = _library_matmul(model)
+        if matmul is None:
+            return  # no PyTorch matmul runs: the switch has nothing to act on
+        for node, message in switches:
+            yield self.report(model, node, f"{message} ({matmul})", kind="tf32")
 
     def _python_paths(self, model: SourceModel) -> Iterator[Finding]:
         analysis = ForwardAnalysis.of(model)
@@ -243,6 +268,20 @@ class PrecisionDowngrade(Rule):
             if message:
                 yield self.report(model, call.unit.location(call.node),
                                   f"host code {message}", kind="cuda-host")
+
+
+def _library_matmul(model: SourceModel) -> str | None:
+    """The first PyTorch matmul the forward path runs (in Python or in the extension's host
+    code), described; None when there is none."""
+    analysis = ForwardAnalysis.of(model)
+    for function in analysis.reachable:
+        for op in analysis.function_ops(function):
+            if op.kind in REFERENCE_KINDS and _MATMUL_OPS.search(op.description):
+                return f"the forward path runs {op.description}, line {model.line_of(op.node)}"
+    for call in library_calls(model):
+        if call.category in ("aten", "method") and _MATMUL_OPS.search(call.evidence):
+            return f"{call.place} runs {call.evidence}"
+    return None
 
 
 # --- Python helpers ----------------------------------------------------------------------------

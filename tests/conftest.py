@@ -21,6 +21,7 @@ FIXED_SUFFIX = ".fixed.py"
 SARIF_SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 
 _EXPECT = re.compile(rb"(?:#|//)\s*expect:\s*(K[ADP]\d{3}(?:\s*,\s*K[ADP]\d{3})*)")
+_POLICY = re.compile(rb"^#\s*fixture-policy:\s*(\w+)", re.M)
 
 
 def expected_findings(path: Path) -> set[tuple[str, int]]:
@@ -31,6 +32,13 @@ def expected_findings(path: Path) -> set[tuple[str, int]]:
             for code in match.group(1).split(b","):
                 expected.add((code.strip().decode(), number))
     return expected
+
+
+def fixture_policy(path: Path) -> str:
+    """The policy a fixture is scanned with: `# fixture-policy: strict` in the file, else the
+    default. (A convention of the test suite; kaudit itself never reads it.)"""
+    match = _POLICY.search(path.read_bytes())
+    return match.group(1).decode() if match else "kernelbench"
 
 
 def rule_fixtures() -> list[Path]:

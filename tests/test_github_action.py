@@ -117,7 +117,7 @@ def test_pre_commit_hook():
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "kaudit" and hook["entry"].startswith("kaudit scan")
     assert hook["language"] == "python" and hook["types"] == ["python"]
-    fixture = FIXTURES / "rules" / "KA101" / "bad_torch_alias_matmul.py"
+    fixture = FIXTURES / "rules" / "KA101" / "bad_copy_kernel_after_pytorch.py"
     # the `kaudit` script installed next to this interpreter (the virtualenv need not be active)
     path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
     proc = subprocess.run([*hook["entry"].split(), str(fixture)], capture_output=True, text=True, check=False,

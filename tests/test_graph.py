@@ -74,10 +74,19 @@ def flows(body: str) -> list[tuple[Source, ...]]:
     code = textwrap.dedent('''
         import torch
         import triton
+        from dsl_runtime import launch
         from torch.utils.cpp_extension import load_inline
         ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", functions=["f"])
 
         class ModelNew(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ones = torch.ones(4)
+                self.state = None
+
+            def _update(self, x):
+                self.state = ext.f(x)
+
             def forward(self, x, y):
         ''') + textwrap.indent(textwrap.dedent(body), " " * 8)
     analysis = ForwardAnalysis(SourceModel("k.py", code))
@@ -96,6 +105,87 @@ def flows(body: str) -> list[tuple[Source, ...]]:
      [(Source.CUSTOM, Source.REFERENCE)]),
     ("c = ext.f(x)\nc @= y\nreturn c", [(Source.DERIVED,)]),
     ("return x, self.weight", [(Source.INPUT, Source.INPUT)]),
+    ("return x * y", [(Source.REFERENCE,)]),
+    ("out = torch.zeros_like(x)\nout[0] = ext.f(x)[0]\nreturn out", [(Source.CUSTOM,)]),
+    ("out = torch.empty_like(x)\nout.copy_(torch.mm(x, y))\nreturn out", [(Source.REFERENCE,)]),
+    ("out = torch.empty_like(x)\ntorch.add(x, y, out=out)\nreturn out", [(Source.REFERENCE,)]),
+    ("c = torch.mm(x, y)\next.f(c)\nreturn c", [(Source.CUSTOM,)]),  # an in-place kernel
+    ("c = torch.mm(x, y)\nd = ext.f(c)\nreturn c", [(Source.REFERENCE,)]),  # c is only read
+    ("self.h = ext.f(x)\nreturn torch.relu(self.h)", [(Source.DERIVED,)]),
+    ("ys = torch.empty_like(x)\nfor xs, part in zip(x.chunk(2), ys.chunk(2)):\n"
+     "    ext.f(xs, part)\nreturn ys", [(Source.CUSTOM,)]),
+    ("out = torch.zeros_like(x)\nfor i in range(2):\n    out[i] += ext.f(x)[i]\nreturn out",
+     [(Source.CUSTOM,)]),
+    ("out = torch.empty_like(x)\nlaunch(out)\nreturn out", [(Source.UNKNOWN,)]),  # a DSL launcher
+    ("out = torch.empty_like(x)\np = out.data_ptr()\nreturn out", [(Source.UNKNOWN,)]),
+    ("return self.ones", [(Source.STORED,)]),
+    ("self._update(x)\nreturn self.state", [(Source.UNKNOWN,)]),  # a helper sets it
 ])
 def test_return_producers(body, expected):
     assert flows(body) == expected
+
+
+_CALLEES = """\
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", functions=["f"])
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return ext.f(x)
+
+
+def make_layer():
+    layers = []
+    layers.append(Block())
+    return nn.Sequential(*layers)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+INIT
+
+    def forward(self, x):
+FORWARD
+"""
+
+
+def ops_of(init: str, forward: str) -> list[tuple[str, str]]:
+    """(kind, callee or description) of each op `ModelNew.forward` runs, helpers included."""
+    code = _CALLEES.replace("INIT", textwrap.indent(init, " " * 8)).replace(
+        "FORWARD", textwrap.indent(forward, " " * 8))
+    analysis = ForwardAnalysis(SourceModel("k.py", code))
+    return sorted((op.kind.value, op.callee or op.description) for function in analysis.reachable
+                  for op in analysis.function_ops(function) if op.kind.value != "helper")
+
+
+@pytest.mark.parametrize(("init", "forward", "expected"), [
+    ("self.op = ext.f", "return self.op(x)", [("custom-kernel", "f")]),
+    ("try:\n    self.e = ext\nexcept Exception:\n    self.e = None", "return self.e.f(x)",
+     [("custom-kernel", "f")]),
+    ("self.blocks = nn.ModuleList([Block() for _ in range(3)])",
+     "for block in self.blocks:\n    x = block(x)\nreturn x", [("custom-kernel", "f")]),
+    ("self.layer = make_layer()", "return self.layer(x)", [("custom-kernel", "f")]),
+    ("self.heads = nn.ModuleDict({'a': Block(), 'b': nn.Linear(4, 4)})",
+     "return self.heads['a'](x)",
+     [("custom-kernel", "f"), ("reference-op", "`torch.nn.Linear` module `self.heads['a']`")]),
+    ("setattr(self, 'stage0', Block())", "return getattr(self, f'stage{0}')(x)",
+     [("custom-kernel", "f")]),
+    ("self.act = torch.jit.script(nn.GELU())", "return self.act(x)",
+     [("reference-op", "`torch.nn.GELU` module `self.act`")]),
+    ("self.loop = self.loop", "return self.loop(x)", []),  # a cycle resolves to nothing
+])
+def test_callees_are_followed(init, forward, expected):
+    assert ops_of(init, forward) == sorted(expected)
+
+
+def test_forward_rebound_in_init_is_followed():
+    """`self.forward = self._fast` in __init__: the fast path is what runs."""
+    code = _CALLEES.replace("INIT", "        self.forward = self._fast").replace(
+        "FORWARD", "        raise NotImplementedError\n\n    def _fast(self, x):\n"
+                   "        return Block()(x)")
+    graph = KernelGraph.of(SourceModel("k.py", code))
+    assert "ext:f" in graph.reachable_from(graph.forward)

@@ -40,7 +40,7 @@ def verdict_of(report, suffix):
      ("dict_of_lists", 1, 19, 1), (False, None), "claimed-incorrect",
      ["the run marks it incorrect"]),
     ("dict_of_lists/level_1_problem_1_sample_0_kernel.py", "kernelbench-run",
-     ("dict_of_lists", 1, 1, 0), (True, 2.66 / 1.9), "rejected", ["KA101", "KA102"]),
+     ("dict_of_lists", 1, 1, 0), (True, 2.66 / 1.9), "rejected", ["KA102", "KA108"]),
     ("dict_of_lists/level_1_problem_23_sample_0_kernel.py", "kernelbench-run",
      ("dict_of_lists", 1, 23, 0), (True, 12.0), "suspicious", ["claimed 12.0x > 10x, unconfirmed"]),
     ("task_list/level_1_problem_23_sample_0_kernel.py", "kernelbench-run",
@@ -52,7 +52,7 @@ def verdict_of(report, suffix):
     ("generated_kernels/level_1/problem_19.py", "generated-kernels",
      ("generated", 1, 19, None), (True, 0.03 / 0.028), "trusted", []),
     ("generated_kernels/level_1/problem_1.py", "generated-kernels",
-     ("generated", 1, 1, None), (True, 2.66 / 2.1), "rejected", ["KA101", "KA102"]),
+     ("generated", 1, 1, None), (True, 2.66 / 2.1), "rejected", ["KA102", "KA108"]),
     ("level_1_problem_19/custom_code.py", "paired-folder",
      ("paired", 1, 19, None), (None, None), "trusted", []),
     ("softmax_task/kernel.py", "paired-folder",
@@ -60,7 +60,7 @@ def verdict_of(report, suffix):
     ("samples.jsonl#L1/custom_code", "jsonl", ("samples", 1, 23, 0), (True, 0.6 / 0.05),
      "suspicious", ["claimed 12.0x > 10x, unconfirmed"]),
     ("samples.jsonl#L2/custom_code", "jsonl", ("samples", 1, 1, 0), (True, 2.9), "rejected",
-     ["KA101", "KA102"]),
+     ["KA102", "KA108"]),
 ])
 def test_verdicts(report, suffix, layout, where, claimed, verdict, reasons):
     found = verdict_of(report, suffix)
@@ -98,7 +98,7 @@ def test_summary_per_run_and_level(report):
 
 def test_jsonl_findings_point_into_the_record(report):
     findings = [f for f in report.findings if "#L2/custom_code" in f.path and f.level is Level.ERROR]
-    assert {f.rule for f in findings} == {"KA101", "KA102"}
+    assert {f.rule for f in findings} == {"KA102"}
     assert all(f.line > 1 for f in findings)  # lines inside the custom_code text
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from kaudit import Level, scan_paths
+from kaudit import Config, Level, scan_paths
 from kaudit.rule import all_rules
 from tests.conftest import (
     RULE_FIXTURES,
     dynamic_fixtures,
     expected_findings,
+    fixture_policy,
     problem_fixtures,
     rule_fixtures,
 )
@@ -22,7 +23,7 @@ from tests.conftest import (
 
 @pytest.mark.parametrize("fixture", rule_fixtures(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_fixture_findings_match_markers(fixture):
-    report = scan_paths([str(fixture)])
+    report = scan_paths([str(fixture)], Config(policy=fixture_policy(fixture)))
     assert not report.errors, report.errors
     expected = expected_findings(fixture)
     compared_notes = {fixture.parent.name} | {code for code, _ in expected}

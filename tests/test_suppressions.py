@@ -20,7 +20,9 @@ class ModelNew(torch.nn.Module):
 
 
 def findings(comment: str, config: Config | None = None) -> list[tuple[str, int]]:
-    """KA101 and KA004 findings (the kernel's unused stub draws others, not under test here)."""
+    """KA101 and KA004 findings (the kernel's unused stub draws others, not under test here).
+    The strict policy makes `torch.relu` an error next to an extension kaudit cannot see."""
+    config = config or Config(policy="strict")
     return [(f.rule, f.line) for f in scan_source(KERNEL.replace("{comment}", comment), config=config)
             if f.rule in ("KA004", "KA101")]
 
@@ -45,7 +47,8 @@ def test_cuda_comment_suppression_is_reported_when_unused():
 
 
 def test_unused_note_only_for_enabled_rules():
-    assert ("KA004", 12) not in findings("  # kaudit: ignore[KA102]", Config(ignore=("KA102",)))
+    assert ("KA004", 12) not in findings("  # kaudit: ignore[KA102]",
+                                         Config(ignore=("KA102",), policy="strict"))
 
 
 def test_malformed_suppression_is_left_alone():
