@@ -117,7 +117,8 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
             for path in reached:
                 verdicts[order[id(path)]] = judge(
                     path.display, path.submission or Submission("plain"), result.findings,
-                    timings, config.suspicious_speedup, file=item.display)
+                    timings, config.suspicious_speedup, file=item.display,
+                    incomplete=any(error.internal for error in result.errors))
         if on_file is not None:
             on_file(done, len(files))
     report.verdicts = [verdicts[position] for position in sorted(verdicts)]

@@ -478,6 +478,8 @@ def _is_view(expr: ast.AST, keys: set[str]) -> bool:
         return True
     if isinstance(expr, ast.Subscript):
         return _is_view(expr.value, keys)
+    if isinstance(expr, ast.IfExp):  # `y.view(-1) if flat else y.reshape(n, -1)`
+        return _is_view(expr.body, keys) or _is_view(expr.orelse, keys)
     if isinstance(expr, ast.Attribute) and expr.attr in ("T", "mT", "H", "mH", "real", "imag"):
         return _is_view(expr.value, keys)
     if isinstance(expr, ast.Call):

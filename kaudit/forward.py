@@ -106,11 +106,12 @@ class ForwardAnalysis:
         self.reachable: list[FunctionNode] = []
         #: what `self.forward = ...` in a method rebinds forward to (it runs instead)
         self.rebound: list[FunctionNode] = []
-        if self.forward is not None:
+        if self.forward is not None and self.model_new is not None:
             for held in self.callees.attribute(self.model_new, "forward"):
                 if held.kind is Kind.FUNCTION and isinstance(held.node, (ast.FunctionDef,
                                                                          ast.AsyncFunctionDef)):
                     self.rebound.append(held.node)
+        if self.forward is not None:
             self._collect_reachable(self.forward, self.model_new)
 
     @classmethod
@@ -445,7 +446,8 @@ class ForwardAnalysis:
             return self._tensor_names[key]
         # a parameter rebound to itself (`x = x.contiguous()`) keeps the parameter's answer; any
         # other cycle (`y = y * 2` with nothing else) decides nothing
-        result = _is_tensor_parameter(function, name.id, function is self.forward)
+        result = _is_tensor_parameter(function, name.id, function is self.forward,
+                                      is_method=self.model_new is not None)
         self._tensor_names[key] = result
         if not result:
             values = [v for v in self.callees.local_values(function).get(name.id, [])
@@ -551,9 +553,11 @@ def _operator_operands(node: ast.AST) -> set[int]:
     return found
 
 
-def _is_tensor_parameter(function: FunctionNode, name: str, is_forward: bool) -> bool:
+def _is_tensor_parameter(function: FunctionNode, name: str, is_forward: bool,
+                         is_method: bool = True) -> bool:
     """A parameter annotated `Tensor`, or any parameter of `forward` (KernelBench passes tensors)
-    other than `self` and those with a default that is not None."""
+    other than `self` (when the entry point is a method, not a function a benchmark calls) and
+    those with a default that is not None."""
     args = function.args
     positional = [*args.posonlyargs, *args.args]
     defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]],
@@ -565,7 +569,7 @@ def _is_tensor_parameter(function: FunctionNode, name: str, is_forward: bool) ->
         annotation = dotted_parts(arg.annotation) if arg.annotation is not None else None
         if annotation and annotation[-1] == "Tensor":
             return True
-        if not is_forward or (positional and arg is positional[0]):
+        if not is_forward or (is_method and positional and arg is positional[0]):
             return False  # a helper's parameter, or `self`
         default = defaults.get(name)
         return default is None or (isinstance(default, ast.Constant) and default.value is None)

@@ -60,13 +60,16 @@ class Verdict:
 
 def judge(path: str, submission: Submission, findings: Iterable[Finding],
           timings: BaselineTimings | None, suspicious_speedup: float,
-          file: str | None = None) -> Verdict:
+          file: str | None = None, incomplete: bool = False) -> Verdict:
+    """`incomplete`: the static analysis of the file stopped on an internal error, so the absence
+    of findings proves nothing."""
     findings = list(findings)
     speedup = (timings or BaselineTimings()).speedup(submission)
     errors = sorted({f.rule for f in findings if f.level is Level.ERROR})
     warnings = sorted({f.rule for f in findings if f.level is Level.WARNING})
     not_audited = sorted({f.rule for f in findings if _not_audited(f.rule)} - set(errors)
-                         - set(warnings))
+                         - set(warnings)) + (["internal error in the static analysis"]
+                                             if incomplete else [])
 
     def verdict(name: str, reasons: list[str]) -> Verdict:
         return Verdict(path, submission, name, reasons, speedup,

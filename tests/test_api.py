@@ -65,3 +65,21 @@ def test_scan_paths_missing_path_raises():
 
 def test_public_names():
     assert set(kaudit.__all__) >= {"scan_source", "scan_paths", "Config", "Finding", "Report"}
+
+
+def test_a_kernel_whose_analysis_failed_is_not_trusted(tmp_path, monkeypatch):
+    """An internal error leaves the file unaudited: its verdict must not read as a pass."""
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text("import torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+                      "    def forward(self, x):\n        return x\n")
+
+    def broken(model, config):
+        raise RuntimeError("a bug in a rule")
+
+    monkeypatch.setattr("kaudit.engine.check_model", broken)
+    report = scan_paths([str(kernel)], Config(cache_dir=None))
+    (error,) = report.errors
+    assert error.internal and "a bug in a rule" in error.message
+    (verdict,) = report.verdicts
+    assert verdict.verdict == "unverified"
+    assert verdict.reasons == ["internal error in the static analysis"]

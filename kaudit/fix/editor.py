@@ -172,7 +172,8 @@ class Editor:
         file_start = offsets[start]
         file_end = offsets[end] if end > start else file_start
         edit = Edit(file_start, file_end, self._escaped(replacement, file_start, file_end))
-        changed = SourceModel(self.model.path, apply_edits(self.text, [edit]))
+        changed = SourceModel(self.model.path, apply_edits(self.text, [edit]), entry=self.model.entry,
+                              policy=self.model.policy)
         position = next(i for i, u in enumerate(self.model.cuda_units) if u is unit)
         units = changed.cuda_units
         expected = unit.text[:start] + replacement + unit.text[end:]

@@ -55,7 +55,7 @@ def fix_text(path: str, text: str, config: Config, wanted: Callable[[Finding], b
     result = FixResult(text)
     refused: dict[tuple[str, str], Refusal] = {}
     for _ in range(MAX_PASSES):
-        model = SourceModel(path, result.text)
+        model = SourceModel(path, result.text, policy=config.policy)
         if model.problem is not None:
             break
         findings = check_model(model, config).findings
@@ -113,7 +113,7 @@ def make_fix(rule: Rule, editor: Editor, finding: Finding) -> Fix | None:
 def judge(model: SourceModel, findings: list[Finding], changed: str, config: Config,
           fixed: list[Finding]) -> str | None:
     """Why `changed` is not an acceptable fix of `fixed` in `model`'s text, or None."""
-    after = SourceModel(model.path, changed)
+    after = SourceModel(model.path, changed, model.entry, model.policy)
     if after.problem is not None:
         return f"the fixed code does not parse ({after.problem.message}, line {after.problem.line})"
     if cpp_errors(after) > cpp_errors(model):
@@ -144,7 +144,7 @@ def cpp_errors(model: SourceModel) -> int:
 def fixes_of_text(path: str, text: str, config: Config) -> dict[tuple[str, str], Fix]:
     """(rule, fingerprint) -> fix, for the findings of one file, each fix judged on its own."""
     config = every_rule(config)
-    model = SourceModel(path, text)
+    model = SourceModel(path, text, policy=config.policy)
     if model.problem is not None:
         return {}
     findings = check_model(model, config).findings

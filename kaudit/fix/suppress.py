@@ -30,7 +30,7 @@ def add_suppressions(path: str, text: str, config: Config, wanted: Callable[[Fin
     """`text` (the file `path`) with a suppression for each `wanted` finding on its line: `#` in
     Python, `//` where the line ends inside the C++/CUDA source of an extension."""
     result = SuppressResult(text)
-    model = SourceModel(path, text)
+    model = SourceModel(path, text, policy=config.policy)
     if model.problem is not None:
         return result
     findings = [f for f in check_model(model, config).findings
@@ -76,7 +76,7 @@ def add_suppressions(path: str, text: str, config: Config, wanted: Callable[[Fin
     if not edits:
         return result
     changed = apply_edits(text, edits)
-    after = SourceModel(path, changed)
+    after = SourceModel(path, changed, policy=config.policy)
     if after.problem is not None or cpp_errors(after) > cpp_errors(model):
         reason = "the file would no longer parse with the comments added"
         return SuppressResult(text, [], [Refusal(f, reason) for f in findings])
