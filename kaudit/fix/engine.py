@@ -113,7 +113,7 @@ def make_fix(rule: Rule, editor: Editor, finding: Finding) -> Fix | None:
 def judge(model: SourceModel, findings: list[Finding], changed: str, config: Config,
           fixed: list[Finding]) -> str | None:
     """Why `changed` is not an acceptable fix of `fixed` in `model`'s text, or None."""
-    after = SourceModel(model.path, changed, model.entry, model.policy)
+    after = SourceModel(model.path, changed, entry=model.entry, policy=model.policy)
     if after.problem is not None:
         return f"the fixed code does not parse ({after.problem.message}, line {after.problem.line})"
     if cpp_errors(after) > cpp_errors(model):
