@@ -49,6 +49,23 @@ def walk_all(root: ast.AST) -> list[ast.AST]:
     return out
 
 
+def walk_tree(root: tree_sitter.Node, types: frozenset[str] | None = None
+              ) -> Iterator[tree_sitter.Node]:
+    """Every node under a tree-sitter `root` (itself included), or those of the given types,
+    depth first in source order."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if types is None or node.type in types:
+            yield node
+        stack.extend(reversed(node.children))
+
+
+def compact(text: str) -> str:
+    """`text` without any whitespace (`x . size ( 0 )` -> `x.size(0)`), for comparing code."""
+    return "".join(text.split())
+
+
 def split_lines(text: str) -> list[str]:
     """Lines as Python counts them (\\r\\n, \\r or \\n; not form feeds)."""
     return _LINE_BREAK.split(text)
@@ -157,12 +174,7 @@ class CudaUnit:
     def walk(self, types: frozenset[str] | None = None,
              root: tree_sitter.Node | None = None) -> Iterator[tree_sitter.Node]:
         """Every node of the unit, or under `root`, (or those of the given types), depth first."""
-        stack = [root or self.tree.root_node]
-        while stack:
-            node = stack.pop()
-            if types is None or node.type in types:
-                yield node
-            stack.extend(reversed(node.children))
+        return walk_tree(root or self.tree.root_node, types)
 
     def nodes_of(self, kinds: tuple[str, ...], root: tree_sitter.Node | None = None
                  ) -> dict[str, list[tree_sitter.Node]]:

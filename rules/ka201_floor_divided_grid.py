@@ -1,18 +1,18 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from kaudit.findings import Finding, Level, Precision
 from kaudit.geometry import (
-    GeometryAnalysis,
+    LaunchGeometry,
+    LaunchRule,
     axis_index_name,
     grid_dim_name,
     remainder_text,
     show_value,
 )
-from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
 
-class FloorDividedGrid(Rule):
+class FloorDividedGrid(LaunchRule):
     """A launch grid computed by rounding the size down, so the last partial block never runs.
 
     ## What it does
@@ -64,25 +64,24 @@ class FloorDividedGrid(Rule):
     precision = Precision.HIGH
     tags = ("launch-geometry", "correctness")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        for launch in GeometryAnalysis.of(model).launches:
-            for axis in range(max(launch.grid.explicit, 1)):
-                dim = launch.dim(axis)
-                if dim.kind != "floor" or dim.division is None or launch.covered_by_loop(axis):
-                    continue
-                division = dim.division
-                coverage = launch.coverage_matches(axis, division.den)
-                if coverage is None or launch.has_precondition(division.den) \
-                        or launch.tail_launch() is not None:
-                    continue
-                named = f" (`{launch.grid.name}`)" if launch.grid.name else ""
-                unit = "program" if launch.python else "block"
-                yield self.report(
-                    model, launch.location,
-                    f"{grid_dim_name(launch, axis)} = {division.describe(launch.python)}{named} "
-                    f"drops {remainder_text(division)} elements: kernel `{launch.kernel_name}` "
-                    f"covers {show_value(coverage)} elements per {unit} along "
-                    f"{axis_index_name(launch, axis)}, and there is no rounding term, no "
-                    f"grid-stride loop, no `{remainder_text(division)} == 0` check and no tail launch",
-                    axis=axis)
-                break
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        for axis in range(max(launch.grid.explicit, 1)):
+            dim = launch.dim(axis)
+            if dim.kind != "floor" or dim.division is None or launch.covered_by_loop(axis):
+                continue
+            division = dim.division
+            coverage = launch.coverage_matches(axis, division.den)
+            if coverage is None or launch.has_precondition(division.den) \
+                    or launch.tail_launch() is not None:
+                continue
+            named = f" (`{launch.grid.name}`)" if launch.grid.name else ""
+            unit = "program" if launch.python else "block"
+            yield self.report(
+                model, launch.location,
+                f"{grid_dim_name(launch, axis)} = {division.describe(launch.python)}{named} "
+                f"drops {remainder_text(division)} elements: kernel `{launch.kernel_name}` "
+                f"covers {show_value(coverage)} elements per {unit} along "
+                f"{axis_index_name(launch, axis)}, and there is no rounding term, no "
+                f"grid-stride loop, no `{remainder_text(division)} == 0` check and no tail launch",
+                axis=axis)
+            return

@@ -1,12 +1,11 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.geometry import GeometryAnalysis
-from kaudit.rule import Rule
+from kaudit.geometry import LaunchGeometry, LaunchRule
 from kaudit.source import SourceModel
 
 
-class ConstantBound(Rule):
+class ConstantBound(LaunchRule):
     """A bounds check or mask on the global index compares against an integer literal.
 
     ## What it does
@@ -50,23 +49,20 @@ class ConstantBound(Rule):
     precision = Precision.MEDIUM
     tags = ("launch-geometry", "specialisation")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        geometry = GeometryAnalysis.of(model)
-        for launch in geometry.launches:
-            kernel = launch.kernel
-            if kernel is None or not kernel.const_bounds:
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        kernel = launch.kernel
+        assert kernel is not None
+        if not kernel.const_bounds or (not kernel.size_params and not launch.host_sizes):
+            return
+        checked = " ".join(check.text for check in launch.geo.preconditions())
+        for bound in kernel.const_bounds:
+            if str(bound.literal) in checked:
                 continue
-            if not kernel.size_params and not launch.host_sizes:
-                continue
-            checked = " ".join(check.text for check in geometry.preconditions())
-            for bound in kernel.const_bounds:
-                if str(bound.literal) in checked:
-                    continue
-                size = f"the size argument `{kernel.size_params[0]}`" if kernel.size_params \
-                    else "the tensor's size at the launch"
-                yield self.report(
-                    model, launch.location,
-                    f"kernel `{kernel.name}` bounds its global index by the literal {bound.literal} "
-                    f"(`{bound.text}`, line {bound.location.line}) instead of {size}: other sizes "
-                    f"are computed only in part or written out of bounds", literal=bound.literal)
-                break
+            size = f"the size argument `{kernel.size_params[0]}`" if kernel.size_params \
+                else "the tensor's size at the launch"
+            yield self.report(
+                model, launch.location,
+                f"kernel `{kernel.name}` bounds its global index by the literal {bound.literal} "
+                f"(`{bound.text}`, line {bound.location.line}) instead of {size}: other sizes "
+                f"are computed only in part or written out of bounds", literal=bound.literal)
+            return
