@@ -4,6 +4,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import tree_sitter
 
+from kaudit.branches import alternatives
 from kaudit.cpp import CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
 from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind, walk_code
@@ -98,7 +99,7 @@ class HardCodedShapes(Rule):
                 continue
             shape_names = _shape_names(function)
             candidates = []
-            for node, first, second, exclusive in _alternatives(function.body):
+            for node, first, second, exclusive in alternatives(function.body):
                 if id(node) in tests:
                     compare = _shape_literal_compare(node.test, shape_names)  # type: ignore[attr-defined]
                     if compare is not None:
@@ -303,37 +304,6 @@ def _shape_literal_compare(test: ast.AST, shape_names: set[str]) -> ast.Compare 
                  and not isinstance(node.ops[0], (ast.In, ast.NotIn))):
             return node
     return None
-
-
-def _alternatives(body: Sequence[ast.stmt]
-                  ) -> Iterator[tuple[ast.AST, Sequence[ast.AST], Sequence[ast.AST], bool]]:
-    """Each `if` with its two alternatives (the `else`, or after an early return or raise the
-    statements that follow), each `assert`, and the arms of `a if c else b`. The flag is False
-    for an `if` without `else` whose body falls through: both paths then run what follows."""
-    blocks: list[Sequence[ast.stmt]] = [body]
-    while blocks:
-        block = blocks.pop()
-        for i, statement in enumerate(block):
-            if isinstance(statement, ast.If):
-                if statement.orelse:
-                    yield statement, statement.body, statement.orelse, True
-                elif statement.body and isinstance(statement.body[-1], (ast.Return, ast.Raise)):
-                    yield statement, statement.body, block[i + 1:], True
-                else:  # the body is an extra step; only a kernel skipped elsewhere matters
-                    yield statement, statement.body, block[i + 1:], False
-            elif isinstance(statement, ast.Assert):
-                yield statement, [], [], True
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(statement, field, None)
-                if isinstance(inner, list) and inner:
-                    blocks.append(inner)
-            for handler in getattr(statement, "handlers", []) or []:
-                blocks.append(handler.body)
-    for node in walk_code(body):
-        if isinstance(node, ast.IfExp):
-            yield node, [node.body], [node.orelse], True
 
 
 def _raises(block: Sequence[ast.AST]) -> bool:
