@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import tree_sitter
 
 from kaudit.findings import Location
-from kaudit.source import CudaUnit, SourceModel
+from kaudit.source import CudaUnit, SourceModel, compact
 
 _QUALIFIERS = ("__global__", "__device__", "__host__")
 
@@ -93,7 +93,7 @@ class CppIndex:
             return None
         qualifier = next((q.strip("_") for q in _QUALIFIERS
                           if any(child.type == q for child in node.children)), "host")
-        function = CppFunction(_compact(unit.text_of(name_node)).split("::")[-1], qualifier,
+        function = CppFunction(compact(unit.text_of(name_node)).split("::")[-1], qualifier,
                                node, unit)
         self.functions.append(function)
         return function
@@ -103,7 +103,7 @@ class CppIndex:
         callee = node.child_by_field_name("function")
         arguments = node.child_by_field_name("arguments")
         args = tuple(arguments.named_children) if arguments is not None else ()
-        name = _compact(unit.text_of(callee)) if callee is not None else ""
+        name = compact(unit.text_of(callee)) if callee is not None else ""
         launch = next((c for c in node.children if c.type == "kernel_call_syntax"), None)
         if launch is not None:
             kernel = name.split("<")[0].split("::")[-1]
@@ -116,7 +116,7 @@ class CppIndex:
         # (TORCH_LIBRARY): the schema's name is what Python calls.
         if call.short_name in ("def", "impl") and len(args) >= 2 and args[0].type == "string_literal":
             exported = unit.text_of(args[0]).strip('"').split("(")[0].split("::")[-1].strip()
-            target = _compact(unit.text_of(args[1])).lstrip("&").split("::")[-1]
+            target = compact(unit.text_of(args[1])).lstrip("&").split("::")[-1]
             self.bindings[exported] = target
 
 
@@ -127,6 +127,3 @@ def _declared_name(node: tree_sitter.Node) -> tree_sitter.Node | None:
         declarator = declarator.child_by_field_name("declarator")
     return declarator.child_by_field_name("declarator") if declarator is not None else None
 
-
-def _compact(text: str) -> str:
-    return "".join(text.split())

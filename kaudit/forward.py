@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kaudit.python_scope import dotted_parts
-from kaudit.source import FunctionNode, SourceModel
+from kaudit.source import FunctionNode, SourceModel, child_nodes
 from kaudit.torch_ops import (
     NN_CONTAINERS,
     TENSOR_COMPUTE_METHODS,
@@ -51,14 +51,20 @@ def methods_of(cls: ast.ClassDef) -> dict[str, FunctionNode]:
     return {s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def walk_code(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Every node under `nodes`, not entering nested class bodies (their code runs elsewhere)."""
+def walk_code(nodes: Sequence[ast.AST], *, into_functions: bool = True) -> Iterator[ast.AST]:
+    """Every node under `nodes` in source order (expression contexts left out), not entering
+    nested class bodies (their code runs elsewhere), nor nested functions and lambdas when
+    `into_functions` is False."""
+    stop = ast.ClassDef if into_functions else _NESTED_SCOPES
     stack = list(reversed(nodes))
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, ast.ClassDef):
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+        if not isinstance(node, stop):
+            stack.extend(reversed(child_nodes(node)))
+
+
+_NESTED_SCOPES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
 class ForwardAnalysis:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex, KernelLaunch
 from kaudit.forward import ForwardAnalysis, methods_of, walk_code
-from kaudit.source import CudaUnit, FunctionNode, SourceModel
+from kaudit.source import CudaUnit, FunctionNode, SourceModel, compact  # noqa: F401 - re-exported for the KA3xx rules
 
 # --- the Python module ---------------------------------------------------------------------------
 
@@ -286,10 +286,6 @@ def literal_path_is_source(model: SourceModel, expr: ast.AST, depth: int = 0) ->
 
 # --- C++ ------------------------------------------------------------------------------------------
 
-def compact(text: str) -> str:
-    return "".join(text.split())
-
-
 def within(node: tree_sitter.Node, outer: tree_sitter.Node) -> bool:
     return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
@@ -437,10 +433,3 @@ def loop_or_block_rest(node: tree_sitter.Node) -> list[tree_sitter.Node]:
             return siblings[i + 1:]
     return []
 
-
-def iter_named(nodes: Iterable[tree_sitter.Node]) -> Iterator[tree_sitter.Node]:
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(node.named_children)

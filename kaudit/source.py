@@ -32,6 +32,19 @@ _HEADER_END = re.compile(r":[ \t]*(#.*)?$")
 _EXTENSION_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
 
 
+def child_nodes(node: ast.AST) -> list[ast.AST]:
+    """`list(ast.iter_child_nodes(node))` without the expression contexts (`Load`, `Store`) and
+    without ast's per-field generators."""
+    out: list[ast.AST] = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if value.__class__ is list:
+            out.extend(item for item in value if isinstance(item, ast.AST))
+        elif isinstance(value, ast.AST) and name != "ctx":
+            out.append(value)
+    return out
+
+
 def walk_all(root: ast.AST) -> list[ast.AST]:
     """`list(ast.walk(root))` (breadth first), without ast's per-field generators: the one full
     walk of each module, on the hot path of every scan."""

@@ -11,19 +11,17 @@ from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind, walk_code
 from kaudit.integrity import (
     assignments_in,
     calls_in,
-    compact,
     first_line,
     has_tensor_parameter,
     integer_value,
     is_int_literal,
-    iter_named,
     launches_in,
     local_values,
     loop_or_block_rest,
     within,
 )
 from kaudit.rule import Rule
-from kaudit.source import FunctionNode, SourceModel
+from kaudit.source import FunctionNode, SourceModel, compact, walk_tree
 
 #: a shape compared with a literal at least this large looks like a benchmark size, not a rank
 SHAPE_LITERAL_MIN = 64
@@ -159,7 +157,7 @@ class HardCodedShapes(Rule):
         assert body is not None
         values = local_values(unit, body)
         candidates = []
-        for node in iter_named([body]):
+        for node in walk_tree(body):
             if node.type != "if_statement":
                 continue
             condition = node.child_by_field_name("condition")
@@ -327,7 +325,7 @@ def _cpp_is_size(unit, node: tree_sitter.Node, values: dict[str, list[tree_sitte
 
 def _cpp_shape_compare(unit, condition: tree_sitter.Node,
                        values: dict[str, list[tree_sitter.Node]]) -> tree_sitter.Node | None:
-    for node in iter_named([condition]):
+    for node in walk_tree(condition):
         if node.type != "binary_expression":
             continue
         operator = node.child_by_field_name("operator")
@@ -364,7 +362,7 @@ def _cpp_launches(index: CppIndex, function: CppFunction, blocks: list[tree_sitt
 
 def _cpp_throws(unit, blocks: list[tree_sitter.Node]) -> bool:
     for block in blocks:
-        for node in iter_named([block]):
+        for node in walk_tree(block):
             if node.type == "throw_statement":
                 return True
             if node.type == "call_expression" and \

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kaudit.cpp import CppFunction
@@ -40,7 +40,8 @@ from kaudit.geometry.cpp_host import (
 from kaudit.geometry.python_host import PyScope, PythonHost
 from kaudit.geometry.vocabulary import AXIS_NAMES, BUILTIN_OBJECTS, ConstBound, KernelFacts, Store, axes_of
 from kaudit.python_scope import dotted_parts
-from kaudit.source import CudaUnit, SourceModel, TritonKernel, walk_tree
+from kaudit.forward import walk_code
+from kaudit.source import CudaUnit, SourceModel, TritonKernel, child_nodes, walk_tree
 
 def closure_of(deps: dict[str, set[str]]) -> Callable[[Iterable[str]], frozenset[str]]:
     cache: dict[str, frozenset[str]] = {}
@@ -402,32 +403,10 @@ def _triton_axis(call: ast.Call) -> int | None:
     return None if node is not None else 0
 
 
-_PLAIN_NODES = frozenset({ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del, ast.FunctionDef,
-                          ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda})
-
-
-def _push_children(node: ast.AST, stack: list[ast.AST]) -> None:
-    for name in node._fields:
-        value = getattr(node, name, None)
-        if type(value) is list:
-            stack.extend(v for v in reversed(value) if isinstance(v, ast.AST))
-        elif isinstance(value, ast.AST) and name != "ctx":
-            stack.append(value)
-
-
 def _parents(nodes: list[ast.stmt]) -> dict[int, ast.AST]:
-    return {id(node): parent for node, parent in _walk_code(nodes) if parent is not None}
-
-
-def _walk_code(nodes: Iterable[ast.AST]) -> Iterator[tuple[ast.AST, ast.AST | None]]:
-    """(node, parent) under `nodes`, not entering nested functions or classes."""
-    stack: list[tuple[ast.AST, ast.AST | None]] = [(n, None) for n in reversed(list(nodes))]
-    while stack:
-        node, parent = stack.pop()
-        yield node, parent
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        stack.extend((child, node) for child in reversed(list(ast.iter_child_nodes(node))))
+    """id(node) -> its parent, under `nodes`, not entering nested functions or classes."""
+    return {id(child): node for node in walk_code(nodes, into_functions=False)
+            for child in child_nodes(node)}
 
 
 def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts:  # noqa: C901
@@ -443,12 +422,8 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
     compares: list[ast.Compare] = []
     aranges: dict[int, int] = {}
     arange_nodes: list[ast.Call] = []
-    stack: list[ast.AST] = list(reversed(function.body))
-    while stack:
-        node = stack.pop()
+    for node in walk_code(function.body, into_functions=False):
         kind = type(node)
-        if kind not in _PLAIN_NODES:
-            _push_children(node, stack)
         if kind is ast.Name or kind is ast.Constant or kind is ast.Attribute:
             continue
         if isinstance(node, ast.Assign):
@@ -518,7 +493,7 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
             elif kind is ast.Attribute:
                 stack.append(current.value)  # type: ignore[attr-defined]
             else:
-                _push_children(current, stack)
+                stack.extend(child_nodes(current))
         return out
 
     deps = {name: set().union(*(tokens(v) for v in vs)) for name, vs in values.items()}
