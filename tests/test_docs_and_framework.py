@@ -4,6 +4,7 @@ own Example must trigger it (Fixit-style), so docs cannot drift from behaviour."
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,6 +74,18 @@ def test_missing_doc_section_is_refused():
 
     with pytest.raises(ValueError, match="Why is this bad"):
         parse_docs(Undocumented)
+
+
+def test_readme_rules_table_is_the_registry():
+    """The README's rules table is `kaudit rules --format markdown`, byte for byte."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- rules-table:[^\n]*-->\n(.*?)<!-- end rules-table -->", readme, re.S)
+    assert block, "README.md has no `<!-- rules-table: ... -->` block"
+    listed = subprocess.run([sys.executable, "-m", "kaudit", "rules", "--format", "markdown"],
+                            capture_output=True, text=True, check=True).stdout
+    assert block.group(1) == listed, "run `python scripts/update_readme_rules.py`"
+    codes = re.findall(r"^\| (K[ADP]\d{3}) \|", block.group(1), re.M)
+    assert codes == [r.code for r in all_rules()]
 
 
 def _readme_commands() -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -11,6 +12,7 @@ from urllib.parse import quote
 from kaudit import __version__
 from kaudit.api import Report
 from kaudit.findings import Finding
+from kaudit.rule import Rule
 
 MAX_ROWS = 50
 
@@ -95,6 +97,15 @@ def _picture(finding: Finding, folder: str | None) -> str:
         except ValueError:  # another drive (Windows): no relative path exists
             pass
     return f" [picture]({quote(Path(target).as_posix())})"
+
+
+def rules_table(rules: Iterable[type[Rule]]) -> str:
+    """The rules as a Markdown table (code, name, level, what it finds): the README's table."""
+    lines = ["| code | name | level | what it finds |", "|---|---|---|---|"]
+    for rule in rules:
+        summary = rule.docs().summary.removesuffix(".")
+        lines.append(f"| {rule.code} | {rule.name} | {rule.level.value} | {_cell(summary)} |")
+    return "\n".join(lines) + "\n"
 
 
 def _cell(text: str) -> str:
