@@ -27,8 +27,12 @@ class FloorDividedGrid(LaunchRule):
     Not reported: any rounding term (`(n + B - 1) / B`, `cdiv`, `triton.cdiv`, `-(-n // B)`,
     `(n - 1) / B + 1`, `ceil`, `n / B + (n % B != 0)`, `if (n % B) blocks++`), a grid-stride or
     persistent loop in the kernel, a precondition `TORCH_CHECK(n % B == 0)`, `assert n % B == 0`
-    or `if n % B: raise`, a numerator that is provably a multiple of the divisor, and a second
-    launch in the same host function that handles the tail. When the divisor cannot be tied to
+    or `if n % B: raise`, a numerator that is provably a multiple of the divisor (`blocks * 256`
+    of 256, `x.numel() / x.size(-1)`: a tensor's element count is a multiple of each of its
+    sizes), a divisor that is itself a dimension of the data (`x.numel() / d` with
+    `d = gamma.numel()`, `n // (C * H * W)`: the grid counts rows, exact for any input of a
+    consistent shape; `x.numel() / (4 * d)` is a block of four rows and is reported), and a
+    second launch in the same host function that handles the tail. When the divisor cannot be tied to
     the kernel's coverage the launch is left to KA207.
 
     ## Why is this bad?

@@ -75,6 +75,27 @@ def test_symbolic_equality_and_multiples():
     assert is_multiple(parse_python_expr("N", {"N": "4096"}), parse_python_expr("256"))
 
 
+@pytest.mark.parametrize("text", ["x.numel() // x.size(-1)", "x.numel() // x.shape[-1]",
+                                  "x.numel() // (x.size(0) * x.size(1))", "x.numel() * 4 // x.size(2)"])
+def test_element_count_is_a_multiple_of_each_size(text):
+    assert is_multiple(parse_python_expr(text).args[0], parse_python_expr(text).args[1])
+    assert classify_dim(parse_python_expr(text)).kind == "exact"
+
+
+@pytest.mark.parametrize("text", ["x.numel() // (x.size(0) * x.size(-1))",  # maybe the same dimension
+                                  "x.numel() // (x.size(1) * x.size(1))", "x.numel() // w.size(0) // 4"])
+def test_element_count_divided_by_sizes_not_proven(text):
+    assert classify_dim(parse_python_expr(text)).kind != "exact"
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("n // d", "rows"), ("x.numel() // w.size(0)", "rows"), ("n // (c * h * w)", "rows"),
+    ("n // (4 * d)", "floor"), ("n // BLOCK", "floor"), ("n // (BLOCK * d)", "floor"),
+])
+def test_division_by_a_data_dimension_counts_rows(text, kind):
+    assert classify_dim(parse_python_expr(text)).kind == kind
+
+
 # --- ceil and floor divisions, every spelling ------------------------------------------------
 
 PY_CEIL = ["(n + 255) // 256", "(n + B - 1) // B", "triton.cdiv(n, B)", "cdiv(n, B)", "-(-n // B)",

@@ -11,6 +11,7 @@ bound to `256` equals `blockDim.x` launched with 256. Divisions are recognised a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -21,6 +22,8 @@ from typing import Any
 #: (a Triton meta-parameter), "builtin" (blockIdx.x, tl.program_id(0), ...), "kparam" (a kernel
 #: parameter, replaced by the launch's argument)
 SIZE_KINDS = frozenset({"size", "problem"})
+#: a size symbol: `x.size(1)` (also written `x.shape[1]`, `x.sizes()[1]`)
+_SIZE_ATOM = re.compile(r"^(?P<tensor>.+)\.size\((?P<index>[^()]*)\)$")
 
 
 @dataclass(frozen=True, eq=False)
@@ -338,10 +341,14 @@ def _is_multiple(num: Expr, den: Expr) -> bool:
         return False
     for m, c in poly(num).items():
         rest = list(m)
-        if any(rest.count(atom) < dm.count(atom) for atom in set(dm)):
-            return False
+        missing = []
         for atom in dm:
-            rest.remove(atom)
+            if atom in rest:
+                rest.remove(atom)
+            else:
+                missing.append(atom)
+        if missing and not _sizes_divide_numel(missing, rest):
+            return False
         known = c
         for atom in rest:  # problem constants fold into the coefficient
             value = _known_value(num, atom)
@@ -349,6 +356,27 @@ def _is_multiple(num: Expr, den: Expr) -> bool:
                 known *= value
         if known.denominator != 1 or known.numerator % dc.numerator:
             return False
+    return True
+
+
+def _sizes_divide_numel(sizes: list[str], atoms: list[str]) -> bool:
+    """`x.numel()` among `atoms` is a multiple of the product of `sizes` when they are sizes of
+    `x` along distinct dimensions: one size (`x.numel() / x.size(-1)` is the number of rows), or
+    several literal dimensions of one sign (`x.size(0) * x.size(1)`)."""
+    by_tensor: dict[str, list[str]] = {}
+    for atom in sizes:
+        match = _SIZE_ATOM.match(atom)
+        if match is None:
+            return False
+        by_tensor.setdefault(match["tensor"], []).append(match["index"])
+    for tensor, indices in by_tensor.items():
+        if f"{tensor}.numel()" not in atoms:
+            return False
+        if len(indices) > 1:
+            values = [int(i) if re.fullmatch(r"-?\d+", i) else None for i in indices]
+            if None in values or len(set(values)) != len(values) \
+                    or len({v < 0 for v in values}) != 1:  # type: ignore[operator]
+                return False
     return True
 
 
@@ -362,7 +390,8 @@ def _known_value(e: Expr, name: str) -> int | None:
 @dataclass(frozen=True)
 class Division:
     """A grid dimension that divides a size: rounded up (`ceil`), down (`floor`), exactly
-    (`exact`: the numerator is a provable multiple) or with a too-small rounding term (`partial`)."""
+    (`exact`: the numerator is a provable multiple), by a dimension of the data (`rows`: the
+    number of rows, exact for well-formed inputs) or with a too-small rounding term (`partial`)."""
 
     kind: str
     num: Expr  # the size divided (`n` for `(n + 255) / 256`)
@@ -527,13 +556,28 @@ def floor_div(e: Expr) -> tuple[Expr, Expr] | None:
     return None
 
 
+def counts_rows(den: Expr) -> bool:
+    """`den` is a tensor size or a product of them (`x.size(-1)`, `C * H * W`, a problem
+    constant): a grid dividing by it counts rows of the data, which is exact for any input of a
+    consistent shape; a block size (`256`, `BLOCK`, `4 * x.size(-1)`) is not."""
+    try:
+        p = poly(den)
+    except RecursionError:
+        return False
+    if len(p) != 1 or unknown_in(den):
+        return False
+    (monomial, coefficient_), = p.items()
+    kinds = {s.value: s.kind for s in symbols(den)}
+    return coefficient_ == 1 and bool(monomial) and all(kinds.get(a) in SIZE_KINDS for a in monomial)
+
+
 def classify_division(e: Expr) -> Division | None:
     found = ceil_div(e)
     if found:
         return Division("ceil", _size_part(found[0], found[1]), found[1], e)
     found = floor_div(e)
     if found:
-        kind = "exact" if is_multiple(*found) else "floor"
+        kind = "exact" if is_multiple(*found) else "rows" if counts_rows(found[1]) else "floor"
         return Division(kind, found[0], found[1], e)
     if e.op in ("fdiv", "tdiv") and _has_size_term(e.args[0]):
         return Division("exact" if is_multiple(*e.args) else "partial", e.args[0], e.args[1], e)
@@ -542,7 +586,7 @@ def classify_division(e: Expr) -> Division | None:
 
 @dataclass(frozen=True)
 class DimClass:
-    """What one grid dimension is: "ceil", "floor", "exact", "partial" (a Division), "const",
+    """What one grid dimension is: "ceil", "floor", "exact", "rows", "partial" (a Division), "const",
     "size" (grows with a tensor size), "param" (a value decided by the caller), "capped"
     (`min(..., C)`), "product" (a floor division times something), or "unknown"."""
 
@@ -580,8 +624,8 @@ def _classify_dim(e: Expr) -> DimClass:
             return inner[0]
     if e.op == "mul":
         parts = [classify_dim(a) for a in e.args]
-        if any(p.kind == "ceil" for p in parts) and all(p.kind in ("ceil", "size", "const", "exact")
-                                                        for p in parts):
+        if any(p.kind == "ceil" for p in parts) \
+                and all(p.kind in ("ceil", "size", "const", "exact", "rows") for p in parts):
             return next(p for p in parts if p.kind == "ceil")
         if any(p.kind in ("floor", "partial") for p in parts):
             return DimClass("product", next(p.division for p in parts if p.division), reason=e.show())
@@ -595,7 +639,6 @@ def _classify_dim(e: Expr) -> DimClass:
         names = ", ".join(sorted({str(s.value) for s in syms}))
         return DimClass("param", reason=f"`{names}` is a parameter or attribute set by the caller")
     return DimClass("size")
-
 
 
 def binary(name: str, a: Expr, b: Expr, text: str = "") -> Expr:

@@ -555,7 +555,8 @@ def _remainder_test(containers: tuple[ast.AST, ...]) -> ast.expr | None:
 def parse_python_expr(text: str, env: dict[str, str] | None = None) -> Expr:
     """An expression written in Python (`(n + 255) // 256`, `triton.cdiv(n, BLOCK)`), evaluated
     at module level after `import math, triton` and the assignments in `env` (name -> Python
-    source). Free names are size symbols. For tests and examples."""
+    source). Free names are size symbols, except names in capitals (`B`, `BLOCK`), which are
+    block sizes chosen by the launch (Triton meta-parameters). For tests and examples."""
     lines = ["import math", "import triton"] + [f"{k} = {v}" for k, v in (env or {}).items()]
     source = "\n".join(lines + [f"__kaudit_e = {text}", ""])
     model = SourceModel("<expr>", source)
@@ -563,6 +564,6 @@ def parse_python_expr(text: str, env: dict[str, str] | None = None) -> Expr:
     tree = model.module.body[-1].value  # type: ignore[union-attr,attr-defined]
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(env or {}) \
         - {"min", "max", "int", "len", "math", "triton"}
-    bound = {n: sym(n, "size", n) for n in names}
+    bound = {n: sym(n, "meta" if n.isupper() else "size", n) for n in names}
     return PyScope(host, None, bound=bound).expr(tree, (len(lines) + 1, 0))
 
