@@ -18,6 +18,7 @@ from kaudit.integrity import (
     launches_in,
     local_values,
     loop_or_block_rest,
+    parameters_of,
     within,
 )
 from kaudit.rule import Rule
@@ -49,10 +50,11 @@ class HardCodedShapes(Rule):
     In C++ host code, reports the same comparisons in an `if` (not in `TORCH_CHECK`) where one
     side launches a kernel and the other does not or throws, and, in a host function that takes
     tensors, launches given an integer literal of at least 4096 as a kernel argument, directly
-    or through a local (`long n = 16777216;` then `k<<<g, b>>>(x, y, n)`). Grids fixed to a
-    literal (`k<<<65536, 256>>>`) are KA202's finding, not repeated here. Block sizes, shared
-    memory sizes, rank checks (`x.dim() == 3`), alignment checks (`x.size(1) % 4 == 0`),
-    `TORCH_CHECK`s and size limits (`<=`, `>`) are not reported.
+    or through a local (`long n = 16777216;` then `k<<<g, b>>>(x, y, n)`), when the kernel uses
+    that parameter as a size (in a comparison or an index; a seed handed to `curand_init` is
+    not a size). Grids fixed to a literal (`k<<<65536, 256>>>`) are KA202's finding, not
+    repeated here. Block sizes, shared memory sizes, rank checks (`x.dim() == 3`), alignment
+    checks (`x.size(1) % 4 == 0`), `TORCH_CHECK`s and size limits (`<=`, `>`) are not reported.
 
     ## Why is this bad?
     The kernel is only correct, or only fast, for the benchmark's shapes: other shapes are
@@ -207,7 +209,13 @@ class HardCodedShapes(Rule):
         assert function.body is not None
         values = local_values(unit, function.body)
         for launch in launches_in(index, function):
-            for argument in launch.args:
+            kernel = next((f for f in index.functions if f.name == launch.kernel
+                           and f.qualifier == "global" and f.body is not None), None)
+            names = [name for name, _ in parameters_of(kernel)] if kernel is not None else []
+            sized = _sized_parameters(kernel) if kernel is not None else set()
+            for position, argument in enumerate(launch.args):
+                if position < len(names) and names[position] not in sized:
+                    continue  # a seed, a scale, a flag: the kernel never uses it as a size
                 size = _literal_size(unit, argument, values, grids=False)
                 if size is not None and size[0] >= LAUNCH_LITERAL_MIN:
                     yield self.report(
@@ -309,6 +317,41 @@ def _raises(block: Sequence[ast.AST]) -> bool:
 
 
 # --- C++ helpers ---------------------------------------------------------------------------------
+
+_RELATIONAL = frozenset({"<", "<=", ">", ">="})
+
+
+def _sized_parameters(kernel: CppFunction) -> set[str]:
+    """The kernel's parameters it uses as sizes: in a comparison (`i < n`, a loop bound) or a
+    memory index, directly or through locals computed from them. A seed handed to
+    `curand_init`, a scale or a flag is not a size."""
+    unit, body = kernel.unit, kernel.body
+    assert body is not None
+    used: set[str] = set()
+    for node in walk_tree(body, _SIZE_USES):
+        if node.type == "subscript_expression":
+            indices = node.child_by_field_name("indices")
+            used |= _identifiers_in(unit, indices) if indices is not None else set()
+        else:
+            operator = node.child_by_field_name("operator")
+            if operator is not None and operator.type in _RELATIONAL:
+                used |= _identifiers_in(unit, node)
+    values = local_values(unit, body)
+    for _ in range(3):  # `int total = rows * cols; if (i < total)`: rows and cols are sizes
+        used |= {name for local in list(used) for value in values.get(local, ())
+                 for name in _identifiers_in(unit, value)}
+    return used & {name for name, _ in parameters_of(kernel)}
+
+
+_SIZE_USES = frozenset({"subscript_expression", "binary_expression"})
+
+
+def _identifiers_in(unit, node: tree_sitter.Node) -> set[str]:
+    return {unit.text_of(n) for n in walk_tree(node, _IDENTIFIER)}
+
+
+_IDENTIFIER = frozenset({"identifier"})
+
 
 def _cpp_is_size(unit, node: tree_sitter.Node, values: dict[str, list[tree_sitter.Node]],
                  depth: int = 0) -> bool:

@@ -96,6 +96,11 @@ def test_division_by_a_data_dimension_counts_rows(text, kind):
     assert classify_dim(parse_python_expr(text)).kind == kind
 
 
+def test_sizes_times_exact_divisions_are_sizes():
+    grid = parse_python_expr("b * (x.numel() // (x.size(0) * x.size(1)))")
+    assert classify_dim(grid).kind == "size"
+
+
 # --- ceil and floor divisions, every spelling ------------------------------------------------
 
 PY_CEIL = ["(n + 255) // 256", "(n + B - 1) // B", "triton.cdiv(n, B)", "cdiv(n, B)", "-(-n // B)",

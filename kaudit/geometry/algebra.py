@@ -629,6 +629,8 @@ def _classify_dim(e: Expr) -> DimClass:
             return next(p for p in parts if p.kind == "ceil")
         if any(p.kind in ("floor", "partial") for p in parts):
             return DimClass("product", next(p.division for p in parts if p.division), reason=e.show())
+        if all(p.kind in ("size", "const", "exact", "rows") for p in parts):
+            return DimClass("size")  # `batch * (x.numel() / (batch * channels))`
     if any(n.op in ("fdiv", "tdiv", "truediv", "cdiv", "mod", "min", "shr") for n in walk_expr(e)):
         inner = next(classify_division(n) for n in walk_expr(e) if n.op in ("fdiv", "tdiv", "cdiv")) \
             if any(n.op in ("fdiv", "tdiv", "cdiv") for n in walk_expr(e)) else None

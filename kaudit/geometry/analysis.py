@@ -58,6 +58,8 @@ class LaunchGeometry:
     host: Any  # the function holding the launch (tail launches are looked for there)
     expanded: str  # the launch's text plus the definitions of the names it uses
     host_sizes: bool  # the host derives sizes from tensors around the launch
+    #: kernel parameter -> the file-level constant its argument names (`FEATURES`, `#define N`)
+    constants: dict[str, str] = field(default_factory=dict)
     _dims: dict[int, DimClass] = field(default_factory=dict)
 
     @property
@@ -279,9 +281,13 @@ class GeometryAnalysis:
                          and f.qualifier == "global"), None)
         facts = self.kernel_facts_cuda(function) if function is not None else None
         params: dict[str, Expr] = {}
+        constants: dict[str, str] = {}
         if facts is not None:
             for name, arg in zip(facts.params, launch.args):
                 params[name] = scope.expr(arg, at)
+                constant = scope.file_constant(arg, at)
+                if constant is not None:
+                    constants[name] = constant
             callee = launch.node.child_by_field_name("function")
             if callee is not None and callee.type == "template_function":
                 targs = callee.child_by_field_name("arguments")
@@ -302,7 +308,7 @@ class GeometryAnalysis:
         return LaunchGeometry(
             self, "cuda", launch.kernel, unit.location(launch.node), text[:120], facts, grid, block,
             shared, [], params, launch.function, expanded,
-            any(w in host_text for w in (".numel()", ".size(", "sizes()", "numel(")))
+            any(w in host_text for w in (".numel()", ".size(", "sizes()", "numel(")), constants)
 
     def _expand_c(self, text: str, launch: KernelLaunch, scope: CScope, at: int) -> str:
         out = [text]
@@ -328,6 +334,10 @@ class GeometryAnalysis:
             params[name] = scope.expr(arg, at)
         kwargs = {k.arg: scope.expr(k.value, at) for k in call.keywords if k.arg}
         params.update({k: v for k, v in kwargs.items() if k in facts.params})
+        arguments = list(zip(facts.params, call.args)) + [(k.arg, k.value) for k in call.keywords
+                                                          if k.arg in facts.params]
+        constants = {name: constant for name, arg in arguments
+                     if (constant := scope.file_constant(arg, at)) is not None}
         for name in facts.constexpr:
             params.setdefault(name, sym(f"meta.{name}", "meta", name))
         meta_values = {k: v for k, v in params.items()}
@@ -348,7 +358,7 @@ class GeometryAnalysis:
         return LaunchGeometry(
             self, "triton", launch.kernel, self.model.location(call), text[:120], facts, grid,
             None, None, num_warps, params, function, expanded,
-            any(w in host_text for w in (".numel()", ".shape", ".size(")))
+            any(w in host_text for w in (".numel()", ".shape", ".size(")), constants)
 
     def _expand_py(self, text: str, scope: PyScope, at: tuple[int, int]) -> list[str]:
         out = []

@@ -18,6 +18,7 @@ from kaudit.geometry.algebra import (
     Expr,
     binary,
     const,
+    evaluate,
     op,
     rounding,
     sym,
@@ -91,13 +92,19 @@ def _first_of(node: Node, kind: str) -> Node | None:
     return None
 
 
-def c_tokens(node: Node, src: Source) -> set[str]:
-    """Identifiers an expression reads, with builtins as `blockIdx.x`; callee names left out."""
+def c_tokens(node: Node, src: Source, through_memory: bool = True) -> set[str]:
+    """Identifiers an expression reads, with builtins as `blockIdx.x`; callee names left out.
+    With `through_memory` False, values read from memory (`x[i]`, `*p`) add nothing: a loaded
+    value is data, not an index."""
     out: set[str] = set()
     stack = [node]
     while stack:
         current = stack.pop()
         kind = current.type
+        if not through_memory and (kind == "subscript_expression" or (
+                kind == "pointer_expression" and current.children
+                and current.children[0].type == "*")):
+            continue
         if kind == "field_expression":
             argument = current.child_by_field_name("argument")
             if argument is not None and argument.type == "identifier" \
@@ -369,6 +376,24 @@ class CScope:
                     return condition
             node = node.parent
         return None
+
+    def file_constant(self, node: Node, at: int, depth: int = 0) -> str | None:
+        """The file-scope constant or macro an expression names (`N`, or a local set once from
+        it), if any."""
+        if node.type != "identifier" or depth > 3:
+            return None
+        name = self.unit.text_of(node)
+        if name in self.bound or name in self.params or name in self.template_params:
+            return None
+        chosen, reason = self.select(name, at)
+        if reason:
+            return None
+        if chosen:
+            first = chosen[0]
+            if len(chosen) == 1 and first.value is not None:
+                return self.file_constant(first.value, first.start, depth + 1)
+            return None
+        return name if evaluate(self.host.constant(name, name)) is not None else None
 
     # --- expressions --------------------------------------------------------------------------
 

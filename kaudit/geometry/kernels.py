@@ -38,7 +38,14 @@ from kaudit.geometry.cpp_host import (
     number_literal,
 )
 from kaudit.geometry.python_host import PyScope, PythonHost
-from kaudit.geometry.vocabulary import AXIS_NAMES, BUILTIN_OBJECTS, ConstBound, KernelFacts, Store, axes_of
+from kaudit.geometry.vocabulary import (
+    AXIS_NAMES,
+    BUILTIN_OBJECTS,
+    IndexBound,
+    KernelFacts,
+    Store,
+    axes_of,
+)
 from kaudit.python_scope import dotted_parts
 from kaudit.forward import walk_code
 from kaudit.source import CudaUnit, SourceModel, TritonKernel, child_nodes, walk_tree
@@ -157,11 +164,12 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
 
     def deps_text(name: str) -> str:
         return " ".join(closure([name]))
-    bounds = []
-    for comparison in comparisons:
-        bound = _const_bound(comparison, unit, closure, ("blockIdx.", "threadIdx."))
-        if bound is not None:
-            bounds.append(bound)
+    index_deps = {name: set().union(*(c_tokens(d.value, unit, through_memory=False)
+                                       for d in defs if d.value is not None))
+                  for name, defs in scope.defs.items()}
+    index_closure = closure_of(index_deps)
+    bounds = [bound for comparison in comparisons
+              for bound in _c_index_bound(comparison, unit, scope, index_closure)]
     size_params = [name for name, type_text in scope.params.items()
                    if name not in scope.pointer_params
                    and any(t in type_text for t in INTEGRAL_TYPES)]
@@ -326,27 +334,58 @@ def _add_coverage(coverage: dict[int, list[Expr]], e: Expr, prefix: str) -> None
                 coverage.setdefault(axis, []).append(found)
 
 
-def _const_bound(comparison: Node, unit: CudaUnit,
-                 closure: Callable[[Iterable[str]], frozenset[str]],
-                 prefixes: tuple[str, str]) -> ConstBound | None:
+def _c_index_bound(comparison: Node, unit: CudaUnit, scope: CScope,
+                   closure: Callable[[Iterable[str]], frozenset[str]]) -> list[IndexBound]:
+    """The upper bounds a comparison puts on the global index (built from `blockIdx` and
+    `threadIdx`, not through values read from memory): `i < n`, `4096 > i`, and `i >= n` only
+    when it leaves (`if (i >= n) return;`); `o >= 4 && o <= L - 4` bounds `o` by `L` alone."""
     left = comparison.child_by_field_name("left")
     right = comparison.child_by_field_name("right")
     operator = comparison.child_by_field_name("operator")
     if left is None or right is None or operator is None:
-        return None
+        return []
     sign = unit.text_of(operator)
-    for index_side, literal_side, upper in ((left, right, sign in ("<", "<=", ">=", ">")),
-                                            (right, left, True)):
-        if literal_side.type != "number_literal" or not upper:
+    for index_side, other, upper in ((left, right, sign in ("<", "<=")),
+                                     (right, left, sign in (">", ">="))):
+        reach = closure(c_tokens(index_side, unit, through_memory=False))
+        if not (any(t.startswith("blockIdx.") for t in reach)
+                and any(t.startswith("threadIdx.") for t in reach)):
             continue
-        value, is_float = number_literal(unit.text_of(literal_side))
-        if value is None or is_float or value < 2:
+        if not upper and not _leaves_when_true(comparison, unit):
             continue
-        reach = closure(c_tokens(index_side, unit))
-        if all(any(t.startswith(p) for t in reach) for p in prefixes):
-            return ConstBound(" ".join(unit.text_of(comparison).split()), value,
-                              unit.location(comparison))
-    return None
+        text = " ".join(unit.text_of(comparison).split())
+        location = unit.location(comparison)
+        if other.type == "number_literal":
+            value, is_float = number_literal(unit.text_of(other))
+            return [IndexBound(text, location, value)] if value is not None and not is_float \
+                and value >= 2 else []
+        names = c_tokens(other, unit, through_memory=False)
+        if other.type == "identifier" and not names & (set(scope.params) | set(scope.defs)):
+            value = evaluate(scope.expr(other, 0))
+            name = unit.text_of(other)
+            return [IndexBound(text, location, value, name)] if value is not None and value >= 2 \
+                else []
+        params = [p for p in sorted(closure(names)) if p in scope.params
+                  and p not in scope.pointer_params]
+        return [IndexBound(text, location, param=p) for p in params]
+    return []
+
+
+def _leaves_when_true(comparison: Node, unit: CudaUnit) -> bool:
+    """The comparison is (an `||` operand of) the condition of an `if` that returns, breaks or
+    continues: `if (i >= n) return;` bounds `i` from above."""
+    node, parent = comparison, comparison.parent
+    while parent is not None and (parent.type in ("parenthesized_expression", "condition_clause")
+                                  or (parent.type == "binary_expression"
+                                      and unit.text_of(parent.child_by_field_name("operator")
+                                                       or parent) == "||")):
+        node, parent = parent, parent.parent
+    if parent is None or parent.type != "if_statement":
+        return False
+    condition = parent.child_by_field_name("condition")
+    consequence = parent.child_by_field_name("consequence")
+    return condition is not None and condition.id == node.id and consequence is not None \
+        and _exits(consequence)
 
 
 # --- Triton ---------------------------------------------------------------------------------
@@ -454,17 +493,19 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
                     aranges[id(node)] = len(arange_nodes)
                     arange_nodes.append(node)
 
-    token_cache: dict[int, set[str]] = {}
+    token_caches: dict[bool, dict[int, set[str]]] = {True: {}, False: {}}
 
-    def tokens(node: ast.AST) -> set[str]:
+    def tokens(node: ast.AST, through_memory: bool = True) -> set[str]:
+        """What an expression reads; values `tl.load`ed add nothing unless `through_memory`."""
+        cache = token_caches[through_memory]
         key = id(node)
-        if key not in token_cache:
-            token_cache[key] = _tokens(node)
-        return token_cache[key]
+        if key not in cache:
+            cache[key] = _tokens(node, through_memory)
+        return cache[key]
 
     tl_calls = {id(call): short for call, short in calls}
 
-    def _tokens(node: ast.AST) -> set[str]:
+    def _tokens(node: ast.AST, through_memory: bool) -> set[str]:
         out: set[str] = set()
         start = node.value if isinstance(node, _Opaque) else node
         stack: list[ast.AST] = [start] if start is not None else []
@@ -477,6 +518,8 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
                 continue
             elif kind is ast.Call:
                 short = tl_calls.get(id(current), "")
+                if short == "load" and not through_memory:
+                    continue
                 if short == "program_id":
                     out.add(f"pid{_triton_axis(current)}")  # type: ignore[arg-type]
                 elif short == "num_programs":
@@ -538,11 +581,10 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
                 if any(t.startswith("pid") for t in tokens(call.args[0])):
                     _add_coverage(found, scope.expr(call.args[0], (0, 0)), "pid")
         return found
-    bounds = []
-    for compare in compares:
-        bound = _py_const_bound(compare, closure, tokens, host)
-        if bound is not None:
-            bounds.append(bound)
+    index_closure = closure_of({name: set().union(*(tokens(v, False) for v in vs))
+                                for name, vs in values.items()})
+    bounds = [bound for compare in compares
+              for bound in _py_index_bound(compare, index_closure, tokens, host, params, set(values))]
     compared = {t for c in compares for t in tokens(c)}
     size_params = [p for p in params if p not in constexpr and "ptr" not in p.lower()
                    and not p.lower().startswith("stride")
@@ -619,18 +661,34 @@ def _py_loop_axes(loop: ast.AST, closure: Callable[[Iterable[str]], frozenset[st
     return set(), set()
 
 
-def _py_const_bound(compare: ast.Compare, closure: Callable[[Iterable[str]], frozenset[str]],
-                    tokens: Callable[[ast.AST], set[str]], host: PythonHost) -> ConstBound | None:
-    if len(compare.ops) != 1 or not isinstance(compare.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE)):
-        return None
-    for index_side, literal_side in ((compare.left, compare.comparators[0]),
-                                     (compare.comparators[0], compare.left)):
-        if isinstance(literal_side, ast.Constant) and isinstance(literal_side.value, int) \
-                and not isinstance(literal_side.value, bool) and literal_side.value >= 2:
-            reach = closure(tokens(index_side))
-            if any(t.startswith("pid") for t in reach) and any(t.startswith("arange") for t in reach):
-                return ConstBound(host.code(compare), literal_side.value, host.model.location(compare))
-    return None
-
-
-# =============================================================================================
+def _py_index_bound(compare: ast.Compare, closure: Callable[[Iterable[str]], frozenset[str]],
+                    tokens: Callable[[ast.AST, bool], set[str]], host: PythonHost,
+                    params: list[str], local_names: set[str]) -> list[IndexBound]:
+    """The upper bounds a comparison puts on an element index (built from `tl.arange`, not
+    through values loaded from memory): `offs < n`, `4096 > offs`, `cols < FEATURES` (a module
+    constant). A literal counts only against a global index (`tl.program_id` too): `cols < 64`
+    over one row is a block's shape."""
+    if len(compare.ops) != 1:
+        return []
+    less = isinstance(compare.ops[0], (ast.Lt, ast.LtE))
+    greater = isinstance(compare.ops[0], (ast.Gt, ast.GtE))
+    for index_side, other, upper in ((compare.left, compare.comparators[0], less),
+                                     (compare.comparators[0], compare.left, greater)):
+        if not upper:
+            continue
+        reach = closure(tokens(index_side, False))
+        if not any(t.startswith("arange") for t in reach):
+            continue
+        text, location = host.code(compare), host.model.location(compare)
+        if isinstance(other, ast.Constant):
+            value = other.value
+            return [IndexBound(text, location, value)] if isinstance(value, int) \
+                and not isinstance(value, bool) and value >= 2 \
+                and any(t.startswith("pid") for t in reach) else []
+        if isinstance(other, ast.Name) and other.id not in params and other.id not in local_names:
+            value = evaluate(host.module_value(other.id, other.id))
+            return [IndexBound(text, location, value, other.id)] if value is not None and value >= 2 \
+                else []
+        return [IndexBound(text, location, param=p) for p in sorted(closure(tokens(other, False)))
+                if p in params]
+    return []

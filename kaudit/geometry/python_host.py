@@ -326,6 +326,25 @@ class PyScope:
             return [], f"`{name}` is assigned only conditionally"
         return found[base:], ""
 
+    def file_constant(self, node: ast.AST, at: tuple[int, int], depth: int = 0) -> str | None:
+        """The module-level integer constant an expression names (`FEATURES`, or a local set
+        once from it), if any."""
+        if not isinstance(node, ast.Name) or depth > 3 or node.id in self.bound:
+            return None
+        chosen, reason = self.select(node.id, at)
+        if reason:
+            return None
+        if chosen:
+            first = chosen[0]
+            if len(chosen) == 1 and first.index is None and first.value is not None:
+                return self.file_constant(first.value, first.position, depth + 1)
+            return None
+        if node.id in self._params:
+            return None
+        if self.parent is not None:
+            return self.parent.file_constant(node, at, depth)
+        return node.id if evaluate(self.host.module_value(node.id, node.id)) is not None else None
+
     # --- expressions ------------------------------------------------------------------------
 
     def resolve(self, name: str, at: tuple[int, int], text: str = "") -> Expr:
@@ -457,6 +476,8 @@ class PyScope:
         if resolved in ("min", "max") and len(args) >= 2 and "min" not in self.host.model.functions \
                 and "max" not in self.host.model.functions:
             return op(resolved, *(self.expr(a, at) for a in args), text=text)
+        if resolved == "triton.language.constexpr" and len(args) == 1:  # FEATURES = tl.constexpr(1000)
+            return with_text(self.expr(args[0], at), text)
         if resolved.endswith("next_power_of_2") and len(args) == 1:
             return op("np2", self.expr(args[0], at), text=text)
         if resolved == "len" and len(args) == 1:

@@ -1,5 +1,5 @@
 """The words the geometry modules share: grids and blocks (`Dims`), what a kernel stores and
-bounds (`Store`, `ConstBound`, `KernelFacts`), host preconditions, axis names and the callee
+bounds (`Store`, `IndexBound`, `KernelFacts`), host preconditions, axis names and the callee
 names that round a division up. Every other geometry module imports from here and from
 `algebra`, never from each other's internals, so the package has no import cycle.
 """
@@ -61,12 +61,16 @@ class Store:
 
 
 @dataclass
-class ConstBound:
-    """A bound check of a global index against an integer literal (`i < 4096`)."""
+class IndexBound:
+    """An upper bound on a global index (`i < n`, `if (i >= 4096) return;`, `mask = offs < N`):
+    against an integer literal, a named constant of the file (`FEATURES`, `#define N 4096`), or
+    a kernel parameter whose value the launch decides."""
 
     text: str
-    literal: int
     location: Location
+    literal: int | None = None  # the bound's value, for a literal or a named constant
+    name: str = ""  # the named constant
+    param: str = ""  # the kernel parameter
 
 
 @dataclass
@@ -81,12 +85,17 @@ class KernelFacts:
     stride_axes: set[int]  # axes with a loop stepping by gridDim / num_programs
     coverage_source: Callable[[], dict[int, list[Expr]]]  # computes `coverage` when first asked
     stores: list[Store]
-    const_bounds: list[ConstBound]
+    bounds: list[IndexBound]  # upper bounds on the global index, in source order
     shared: list[tuple[str, int | None]]  # static __shared__ arrays and their bytes
     template_params: list[str] = field(default_factory=list)
     constexpr: set[str] = field(default_factory=set)
 
     _coverage: dict[int, list[Expr]] | None = None
+
+    @property
+    def const_bounds(self) -> list[IndexBound]:
+        """Bounds fixed in the kernel: a literal or a named constant."""
+        return [b for b in self.bounds if b.literal is not None]
 
     @property
     def coverage(self) -> dict[int, list[Expr]]:
