@@ -16,7 +16,13 @@ import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex, KernelLaunch
 from kaudit.forward import ForwardAnalysis, methods_of, walk_code
-from kaudit.source import CudaUnit, FunctionNode, SourceModel, compact  # noqa: F401 - re-exported for the KA3xx rules
+from kaudit.source import (  # compact: re-exported for the KA3xx rules
+    CudaUnit,
+    FunctionNode,
+    SourceModel,
+    compact,  # noqa: F401
+    walk_tree,
+)
 
 # --- the Python module ---------------------------------------------------------------------------
 
@@ -349,9 +355,7 @@ def local_values(unit: CudaUnit, scope: tree_sitter.Node) -> dict[str, list[tree
     if key in cache:
         return cache[key]
     out: dict[str, list[tree_sitter.Node]] = {}
-    stack = [scope]
-    while stack:
-        node = stack.pop()
+    for node in walk_tree(scope, _DEFINITIONS):
         if node.type == "init_declarator":
             name = node.child_by_field_name("declarator")
             value = node.child_by_field_name("value")
@@ -364,9 +368,11 @@ def local_values(unit: CudaUnit, scope: tree_sitter.Node) -> dict[str, list[tree
             right = node.child_by_field_name("right")
             if left is not None and left.type == "identifier" and right is not None:
                 out.setdefault(unit.text_of(left), []).append(right)
-        stack.extend(node.children)
     cache[key] = out
     return out
+
+
+_DEFINITIONS = frozenset({"init_declarator", "assignment_expression"})
 
 
 def integer_value(unit: CudaUnit, node: tree_sitter.Node) -> int | None:

@@ -169,9 +169,17 @@ def _skip_between_literals(source: str, i: int, end: int) -> int:
     return i
 
 
+#: the characters that can change `_closing_quote`'s state; everything between them is skipped
+_QUOTE_EVENTS = re.compile(r"""[\\{}'"]""")
+
+
 def _closing_quote(source: str, i: int, end: int, quote: str, fstring: bool) -> int:
     depth = 0
     while i < end:
+        found = _QUOTE_EVENTS.search(source, i, end)
+        if found is None:
+            return -1
+        i = found.start()
         ch = source[i]
         if ch == "\\":
             i += 2

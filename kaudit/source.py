@@ -65,12 +65,19 @@ def walk_all(root: ast.AST) -> list[ast.AST]:
 def walk_tree(root: tree_sitter.Node, types: frozenset[str] | None = None
               ) -> Iterator[tree_sitter.Node]:
     """Every node under a tree-sitter `root` (itself included), or those of the given types,
-    depth first in source order."""
+    depth first in source order. Given types, one query finds them (much faster than walking
+    `children` from Python)."""
+    if types is not None:
+        found = find_nodes(root, tuple(sorted(types)))
+        nodes = [node for kind in found.values() for node in kind]
+        if len(found) > 1:
+            nodes.sort(key=lambda node: (node.start_byte, -node.end_byte))
+        yield from nodes
+        return
     stack = [root]
     while stack:
         node = stack.pop()
-        if types is None or node.type in types:
-            yield node
+        yield node
         stack.extend(reversed(node.children))
 
 

@@ -159,9 +159,7 @@ class HardCodedShapes(Rule):
         assert body is not None
         values = local_values(unit, body)
         candidates = []
-        for node in walk_tree(body):
-            if node.type != "if_statement":
-                continue
+        for node in walk_tree(body, _IF_STATEMENT):
             condition = node.child_by_field_name("condition")
             compare = _cpp_shape_compare(unit, condition, values) if condition else None
             if compare is None:
@@ -209,21 +207,22 @@ class HardCodedShapes(Rule):
         assert function.body is not None
         values = local_values(unit, function.body)
         for launch in launches_in(index, function):
-            kernel = next((f for f in index.functions if f.name == launch.kernel
-                           and f.qualifier == "global" and f.body is not None), None)
-            names = [name for name, _ in parameters_of(kernel)] if kernel is not None else []
-            sized = _sized_parameters(kernel) if kernel is not None else set()
             for position, argument in enumerate(launch.args):
-                if position < len(names) and names[position] not in sized:
-                    continue  # a seed, a scale, a flag: the kernel never uses it as a size
                 size = _literal_size(unit, argument, values, grids=False)
-                if size is not None and size[0] >= LAUNCH_LITERAL_MIN:
-                    yield self.report(
-                        model, unit.location(launch.node),
-                        f"`{function.name}` passes `{launch.kernel}` the literal size "
-                        f"{size[1]} although it takes tensors whose sizes it could read: the "
-                        "kernel's extent fits the benchmark's shape only")
-                    break
+                if size is None or size[0] < LAUNCH_LITERAL_MIN:
+                    continue
+                kernel = next((f for f in index.functions if f.name == launch.kernel
+                               and f.qualifier == "global" and f.body is not None), None)
+                names = [name for name, _ in parameters_of(kernel)] if kernel is not None else []
+                if kernel is not None and position < len(names) \
+                        and names[position] not in _sized_parameters(kernel):
+                    continue  # a seed, a scale, a flag: the kernel never uses it as a size
+                yield self.report(
+                    model, unit.location(launch.node),
+                    f"`{function.name}` passes `{launch.kernel}` the literal size "
+                    f"{size[1]} although it takes tensors whose sizes it could read: the "
+                    "kernel's extent fits the benchmark's shape only")
+                break
 
 
 # --- Python helpers ------------------------------------------------------------------------------
@@ -344,6 +343,7 @@ def _sized_parameters(kernel: CppFunction) -> set[str]:
 
 
 _SIZE_USES = frozenset({"subscript_expression", "binary_expression"})
+_IF_STATEMENT = frozenset({"if_statement"})
 
 
 def _identifiers_in(unit, node: tree_sitter.Node) -> set[str]:

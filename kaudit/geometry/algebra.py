@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -37,6 +37,7 @@ class Expr:
     kind: str = ""  # syms only
     known: int | None = None  # syms only: a value known from the module (problem constants)
     written: str = ""  # when `text` is a name: the text of the expression it was bound to
+    _poly: dict[tuple[str, ...], int] | None = field(default=None, init=False, repr=False)
 
     def show(self) -> str:
         return clip(self.text if self.text else render(self))
@@ -153,14 +154,23 @@ def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
 # --- polynomial normal form (equality, coefficients, divisibility) -----------------------------
 
 Monomial = tuple[str, ...]
-Poly = dict[Monomial, Fraction]
+Poly = dict[Monomial, int]  # integer coefficients: constants are integers, divisions are atoms
 
 
 def poly(e: Expr) -> Poly:
     """Sum of products of atoms; divisions, modulo, min/max, ... are atoms keyed by the normal
-    form of their arguments, so `(n + 255) / 256` and `(255 + n) / 256` are the same atom."""
+    form of their arguments, so `(n + 255) / 256` and `(255 + n) / 256` are the same atom.
+    Computed once per expression; callers must not modify the result."""
+    cached = e._poly
+    if cached is None:
+        cached = _poly(e)
+        object.__setattr__(e, "_poly", cached)
+    return cached
+
+
+def _poly(e: Expr) -> Poly:
     if e.op == "const":
-        return {(): Fraction(e.value)} if e.value else {}
+        return {(): e.value} if e.value else {}
     if e.op == "add":
         out: Poly = {}
         for a in e.args:
@@ -169,16 +179,16 @@ def poly(e: Expr) -> Poly:
     if e.op == "neg":
         return {m: -c for m, c in poly(e.args[0]).items()}
     if e.op == "mul":
-        result: Poly = {(): Fraction(1)}
+        result: Poly = {(): 1}
         for a in e.args:
             result = _multiply(result, poly(a))
         return result
-    return {(atom_key(e),): Fraction(1)}
+    return {(atom_key(e),): 1}
 
 
-def _accumulate(into: Poly, other: Poly, scale: Fraction = Fraction(1)) -> None:
+def _accumulate(into: Poly, other: Poly, scale: int = 1) -> None:
     for m, c in other.items():
-        value = into.get(m, Fraction(0)) + c * scale
+        value = into.get(m, 0) + c * scale
         if value:
             into[m] = value
         else:
@@ -242,7 +252,7 @@ def poly_expr(p: Poly) -> Expr:
     for m, c in sorted(p.items()):
         factors = [sym(name) for name in m]
         if c != 1 or not factors:
-            factors.insert(0, const(int(c)) if c.denominator == 1 else unknown(str(c), str(c)))
+            factors.insert(0, const(c))
         terms.append(factors[0] if len(factors) == 1 else op("mul", *factors))
     if not terms:
         return const(0)
@@ -258,64 +268,63 @@ def evaluate(e: Expr, env: dict[str, int] | None = None) -> int | None:
         value = _eval(e, env or {})
     except RecursionError:
         return None
-    if value is None or isinstance(value, bool):
-        return None if value is None else int(value)
     if isinstance(value, Fraction):
         return int(value) if value.denominator == 1 else None
-    return int(value)
+    return None if value is None else int(value)
 
 
-def _eval(e: Expr, env: dict[str, int]) -> Fraction | None:  # noqa: C901 - one case per op
+Number = int | Fraction  # integers, exactly; fractions only below a true division
+
+
+def _eval(e: Expr, env: dict[str, int]) -> Number | None:  # noqa: C901 - one case per op
     if e.op == "const":
-        return Fraction(e.value)
+        return e.value
     if e.op == "sym":
-        value = env.get(e.value, e.known)
-        return None if value is None else Fraction(value)
+        return env.get(e.value, e.known)
     values = [_eval(a, env) for a in e.args]
     if any(v is None for v in values):
         if e.op == "cond" and values[0] is not None:
             return values[1] if values[0] else values[2]
         return None
-    v: list[Fraction] = values  # type: ignore[assignment]
+    v: list[Number] = values  # type: ignore[assignment]
     try:
         if e.op == "add":
-            return sum(v, Fraction(0))
+            return sum(v)
         if e.op == "mul":
-            out = Fraction(1)
+            out: Number = 1
             for x in v:
                 out *= x
             return out
         if e.op == "neg":
             return -v[0]
-        if e.op == "fdiv":
-            return Fraction(math.floor(v[0] / v[1]))
-        if e.op == "tdiv":
-            q = v[0] / v[1]
-            return Fraction(math.floor(q) if q >= 0 else math.ceil(q))
-        if e.op == "truediv":
-            return v[0] / v[1]
-        if e.op == "cdiv":
-            return Fraction(math.ceil(v[0] / v[1]))
+        if e.op in ("fdiv", "tdiv", "cdiv", "truediv"):
+            q = Fraction(v[0], v[1]) if type(v[0]) is int and type(v[1]) is int \
+                else Fraction(v[0]) / v[1]
+            if e.op == "truediv":
+                return q
+            if e.op == "cdiv":
+                return math.ceil(q)
+            return math.floor(q) if e.op == "fdiv" or q >= 0 else math.ceil(q)
         if e.op == "mod":
             return v[0] % v[1]
         if e.op == "ceil":
-            return Fraction(math.ceil(v[0]))
+            return math.ceil(v[0])
         if e.op in ("floor", "trunc"):
-            return Fraction(math.floor(v[0]) if v[0] >= 0 else math.ceil(v[0]))
+            return math.floor(v[0]) if v[0] >= 0 else math.ceil(v[0])
         if e.op == "min":
             return min(v)
         if e.op == "max":
             return max(v)
         if e.op == "np2":
-            n = max(int(math.ceil(v[0])), 1)
-            return Fraction(1 << (n - 1).bit_length())
+            n = max(math.ceil(v[0]), 1)
+            return 1 << (n - 1).bit_length()
         if e.op == "cmp":
             a, b = v
-            return Fraction(int({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
-                                 "==": a == b, "!=": a != b}.get(e.value, False)))
+            return int({"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
+                        "==": a == b, "!=": a != b}.get(e.value, False))
         if e.op == "cond":
             return v[1] if v[0] else v[2]
-    except (ZeroDivisionError, ValueError, OverflowError):
+    except (ZeroDivisionError, ValueError, OverflowError, TypeError):
         return None
     return None
 
@@ -337,7 +346,7 @@ def _is_multiple(num: Expr, den: Expr) -> bool:
     if len(dp) != 1 or unknown_in(num) or unknown_in(den):
         return False
     (dm, dc), = dp.items()
-    if dc.denominator != 1 or dc == 0:
+    if dc == 0:
         return False
     for m, c in poly(num).items():
         rest = list(m)
@@ -354,7 +363,7 @@ def _is_multiple(num: Expr, den: Expr) -> bool:
             value = _known_value(num, atom)
             if value is not None:
                 known *= value
-        if known.denominator != 1 or known.numerator % dc.numerator:
+        if known % dc:
             return False
     return True
 
@@ -443,8 +452,8 @@ def ceil_div(e: Expr) -> tuple[Expr, Expr] | None:
         sizes, rounding = _split_numerator(num, den)
         if sizes:
             diff = dict(rounding)
-            _accumulate(diff, poly(den), Fraction(-1))
-            _accumulate(diff, {(): Fraction(1)})
+            _accumulate(diff, poly(den), -1)
+            _accumulate(diff, {(): 1})
             if all(c > 0 for c in diff.values()):
                 return num, den
         return None
@@ -483,12 +492,12 @@ def _split_numerator(num: Expr, den: Expr) -> tuple[list[Expr], Poly]:
             terms.append(term)
     sizes: list[Expr] = []
     rounding: Poly = {}
-    constants: list[Fraction] = []
+    constants: list[int] = []
     den_poly = poly(den)
     for term in terms:
         p = poly(term)
         if not any(m for m in p):
-            constants.append(p.get((), Fraction(0)))
+            constants.append(p.get((), 0))
         elif _is_scaled(p, den_poly):
             _accumulate(rounding, p)
         else:
@@ -498,7 +507,7 @@ def _split_numerator(num: Expr, den: Expr) -> tuple[list[Expr], Poly]:
         # `(W - 2 + 127) / 128`: the negative constants adjust the size, the largest positive one
         # is the rounding term.
         constants = [max(positive)]
-    _accumulate(rounding, {(): sum(constants, Fraction(0))})
+    _accumulate(rounding, {(): sum(constants)})
     return sizes, rounding
 
 
@@ -506,7 +515,7 @@ def _is_scaled(p: Poly, q: Poly) -> bool:
     """`p` is a constant multiple of the non-constant polynomial `q` (`-threads` of `threads`)."""
     if not p or not any(m for m in q) or set(p) != set(q):
         return False
-    ratios = {p[m] / q[m] for m in q}
+    ratios = {Fraction(p[m], q[m]) for m in q}
     return len(ratios) == 1
 
 
