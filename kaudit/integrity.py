@@ -16,13 +16,7 @@ import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex, KernelLaunch
 from kaudit.forward import ForwardAnalysis, methods_of, walk_code
-from kaudit.source import (  # compact: re-exported for the KA3xx rules
-    CudaUnit,
-    FunctionNode,
-    SourceModel,
-    compact,  # noqa: F401
-    walk_tree,
-)
+from kaudit.source import CudaUnit, FunctionNode, SourceModel, compact  # noqa: F401 - re-exported for the KA3xx rules
 
 # --- the Python module ---------------------------------------------------------------------------
 
@@ -355,7 +349,7 @@ def local_values(unit: CudaUnit, scope: tree_sitter.Node) -> dict[str, list[tree
     if key in cache:
         return cache[key]
     out: dict[str, list[tree_sitter.Node]] = {}
-    for node in walk_tree(scope, _DEFINITIONS):
+    for node in unit.nodes(_DEFINITIONS, scope):
         if node.type == "init_declarator":
             name = node.child_by_field_name("declarator")
             value = node.child_by_field_name("value")
@@ -372,7 +366,7 @@ def local_values(unit: CudaUnit, scope: tree_sitter.Node) -> dict[str, list[tree
     return out
 
 
-_DEFINITIONS = frozenset({"init_declarator", "assignment_expression"})
+_DEFINITIONS = ("init_declarator", "assignment_expression")
 
 
 def integer_value(unit: CudaUnit, node: tree_sitter.Node) -> int | None:

@@ -106,6 +106,15 @@ def _kinds_query(kinds: tuple[str, ...]) -> tree_sitter.Query:
     return tree_sitter.Query(cuda_language(), " ".join(f"({kind}) @{kind}" for kind in kinds))
 
 
+#: the node types every C++ unit indexes once (CudaUnit.nodes): what the C++ index, the launch
+#: geometry and the rules ask for most
+INDEXED_KINDS = ("assignment_expression", "binary_expression", "call_expression", "declaration",
+                 "do_statement", "field_expression", "for_statement", "function_definition",
+                 "if_statement", "init_declarator", "pointer_expression", "preproc_def",
+                 "preproc_function_def", "subscript_expression", "update_expression",
+                 "while_statement")
+
+
 def find_nodes(root: tree_sitter.Node, kinds: tuple[str, ...]) -> dict[str, list[tree_sitter.Node]]:
     """Nodes of the given types under `root`, in source order (outer before inner), by type. A
     tree-sitter query: much faster than walking `children` from Python."""
@@ -189,6 +198,9 @@ class CudaUnit:
         return Location(self.path, line, column, end_line, end_column + 1)
 
     def text_of(self, node: tree_sitter.Node) -> str:
+        table = self._char_of_byte
+        if table is None:  # ASCII: bytes are characters
+            return self.text[node.start_byte:node.end_byte]
         return self.text[self._char(node.start_byte) : self._char(node.end_byte)]
 
     def walk(self, types: frozenset[str] | None = None,
@@ -199,7 +211,34 @@ class CudaUnit:
     def nodes_of(self, kinds: tuple[str, ...], root: tree_sitter.Node | None = None
                  ) -> dict[str, list[tree_sitter.Node]]:
         """`find_nodes` under `root`, by default the whole unit."""
-        return find_nodes(root or self.tree.root_node, kinds)
+        if not all(kind in INDEXED_KINDS for kind in kinds):
+            return find_nodes(root or self.tree.root_node, kinds)
+        return {kind: found for kind in kinds if (found := self._indexed(kind, root))}
+
+    def nodes(self, kinds: tuple[str, ...], root: tree_sitter.Node | None = None
+              ) -> list[tree_sitter.Node]:
+        """The nodes of the given types under `root` (the whole unit by default), outer before
+        inner in source order."""
+        if len(kinds) == 1:
+            return list(self._indexed(kinds[0], root)) if kinds[0] in INDEXED_KINDS \
+                else list(walk_tree(root or self.tree.root_node, frozenset(kinds)))
+        found = [node for nodes in self.nodes_of(kinds, root).values() for node in nodes]
+        found.sort(key=lambda node: (node.start_byte, -node.end_byte))
+        return found
+
+    def _indexed(self, kind: str, root: tree_sitter.Node | None) -> list[tree_sitter.Node]:
+        starts, nodes = self._node_index.get(kind, ((), []))
+        if root is None:
+            return nodes
+        return nodes[bisect.bisect_left(starts, root.start_byte):
+                     bisect.bisect_left(starts, root.end_byte)]
+
+    @functools.cached_property
+    def _node_index(self) -> dict[str, tuple[list[int], list[tree_sitter.Node]]]:
+        """One query finds every node of the kinds the analyses look for; later lookups are
+        slices of it."""
+        return {kind: ([node.start_byte for node in nodes], nodes)
+                for kind, nodes in find_nodes(self.tree.root_node, INDEXED_KINDS).items()}
 
     def walk_errors(self) -> Iterator[tree_sitter.Node]:
         """The nodes where tree-sitter gave up (ERROR) or invented a token (MISSING), in order."""

@@ -159,7 +159,7 @@ class HardCodedShapes(Rule):
         assert body is not None
         values = local_values(unit, body)
         candidates = []
-        for node in walk_tree(body, _IF_STATEMENT):
+        for node in unit.nodes(_IF_STATEMENT, body):
             condition = node.child_by_field_name("condition")
             compare = _cpp_shape_compare(unit, condition, values) if condition else None
             if compare is None:
@@ -327,7 +327,7 @@ def _sized_parameters(kernel: CppFunction) -> set[str]:
     unit, body = kernel.unit, kernel.body
     assert body is not None
     used: set[str] = set()
-    for node in walk_tree(body, _SIZE_USES):
+    for node in unit.nodes(_SIZE_USES, body):
         if node.type == "subscript_expression":
             indices = node.child_by_field_name("indices")
             used |= _identifiers_in(unit, indices) if indices is not None else set()
@@ -342,8 +342,8 @@ def _sized_parameters(kernel: CppFunction) -> set[str]:
     return used & {name for name, _ in parameters_of(kernel)}
 
 
-_SIZE_USES = frozenset({"subscript_expression", "binary_expression"})
-_IF_STATEMENT = frozenset({"if_statement"})
+_SIZE_USES = ("subscript_expression", "binary_expression")
+_IF_STATEMENT = ("if_statement",)
 
 
 def _identifiers_in(unit, node: tree_sitter.Node) -> set[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,6 +38,14 @@ INDIRECT_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchCooperativeKernel"
                                "cudaLaunchKernelEx", "cuLaunchKernelEx"})
 
 
+@dataclass
+class LaunchArguments:
+    """What a launch hands its kernel, worked out only when a rule asks (most never do)."""
+
+    params: dict[str, Expr]  # kernel parameter (and blockDim.x, ...) -> value at this launch
+    #: kernel parameter -> the file-level constant its argument names (`FEATURES`, `#define N`)
+    constants: dict[str, str]
+    expanded: str  # the launch's text plus the definitions of the names it uses
 
 
 @dataclass
@@ -54,17 +62,33 @@ class LaunchGeometry:
     block: Dims | None
     shared: Expr | None
     num_warps: list[tuple[Expr, str]]
-    params: dict[str, Expr]  # kernel parameter (and blockDim.x, ...) -> value at this launch
     host: Any  # the function holding the launch (tail launches are looked for there)
-    expanded: str  # the launch's text plus the definitions of the names it uses
     host_sizes: bool  # the host derives sizes from tensors around the launch
-    #: kernel parameter -> the file-level constant its argument names (`FEATURES`, `#define N`)
-    constants: dict[str, str] = field(default_factory=dict)
+    arguments_source: Callable[[], LaunchArguments]
+    _arguments: LaunchArguments | None = None
     _dims: dict[int, DimClass] = field(default_factory=dict)
 
     @property
     def python(self) -> bool:
         return self.lang == "triton"
+
+    @property
+    def arguments(self) -> LaunchArguments:
+        if self._arguments is None:
+            self._arguments = self.arguments_source()
+        return self._arguments
+
+    @property
+    def params(self) -> dict[str, Expr]:
+        return self.arguments.params
+
+    @property
+    def constants(self) -> dict[str, str]:
+        return self.arguments.constants
+
+    @property
+    def expanded(self) -> str:
+        return self.arguments.expanded
 
     def dim(self, axis: int) -> DimClass:
         if axis not in self._dims:
@@ -280,35 +304,39 @@ class GeometryAnalysis:
         function = next((f for f in index.functions if f.name == launch.kernel
                          and f.qualifier == "global"), None)
         facts = self.kernel_facts_cuda(function) if function is not None else None
-        params: dict[str, Expr] = {}
-        constants: dict[str, str] = {}
-        if facts is not None:
-            for name, arg in zip(facts.params, launch.args):
-                params[name] = scope.expr(arg, at)
-                constant = scope.file_constant(arg, at)
-                if constant is not None:
-                    constants[name] = constant
-            callee = launch.node.child_by_field_name("function")
-            if callee is not None and callee.type == "template_function":
-                targs = callee.child_by_field_name("arguments")
-                values = [a for a in targs.named_children] if targs is not None else []
-                for name, arg in zip(facts.template_params, values):
-                    params[name] = scope.expr(arg.named_children[0] if arg.type == "type_descriptor"
-                                              and arg.named_children else arg, at)
-        if block is not None:
+
+        def arguments() -> LaunchArguments:
+            params: dict[str, Expr] = {}
+            constants: dict[str, str] = {}
+            if facts is not None:
+                for name, arg in zip(facts.params, launch.args):
+                    params[name] = scope.expr(arg, at)
+                    constant = scope.file_constant(arg, at)
+                    if constant is not None:
+                        constants[name] = constant
+                callee = launch.node.child_by_field_name("function")
+                if callee is not None and callee.type == "template_function":
+                    targs = callee.child_by_field_name("arguments")
+                    values = [a for a in targs.named_children] if targs is not None else []
+                    for name, arg in zip(facts.template_params, values):
+                        params[name] = scope.expr(arg.named_children[0] if arg.type == "type_descriptor"
+                                                  and arg.named_children else arg, at)
+            if block is not None:
+                for axis in range(3):
+                    params[f"blockDim.{AXIS_NAMES[axis]}"] = block.get(axis)
             for axis in range(3):
-                params[f"blockDim.{AXIS_NAMES[axis]}"] = block.get(axis)
-        for axis in range(3):
-            if not grid.unknown_reason:
-                params[f"gridDim.{AXIS_NAMES[axis]}"] = grid.get(axis)
-        pieces = [unit.text_of(c) for c in config] + [unit.text_of(a) for a in launch.args]
-        expanded = self._expand_c(" ".join(pieces), launch, scope, at)
+                if not grid.unknown_reason:
+                    params[f"gridDim.{AXIS_NAMES[axis]}"] = grid.get(axis)
+            pieces = [unit.text_of(c) for c in config] + [unit.text_of(a) for a in launch.args]
+            return LaunchArguments(params, constants,
+                                   self._expand_c(" ".join(pieces), launch, scope, at))
+
         text = " ".join(unit.text_of(launch.node).split())
         host_text = unit.text_of(launch.function.node) if launch.function is not None else ""
         return LaunchGeometry(
             self, "cuda", launch.kernel, unit.location(launch.node), text[:120], facts, grid, block,
-            shared, [], params, launch.function, expanded,
-            any(w in host_text for w in (".numel()", ".size(", "sizes()", "numel(")), constants)
+            shared, [], launch.function,
+            any(w in host_text for w in (".numel()", ".size(", "sizes()", "numel(")), arguments)
 
     def _expand_c(self, text: str, launch: KernelLaunch, scope: CScope, at: int) -> str:
         out = [text]
@@ -334,10 +362,6 @@ class GeometryAnalysis:
             params[name] = scope.expr(arg, at)
         kwargs = {k.arg: scope.expr(k.value, at) for k in call.keywords if k.arg}
         params.update({k: v for k, v in kwargs.items() if k in facts.params})
-        arguments = list(zip(facts.params, call.args)) + [(k.arg, k.value) for k in call.keywords
-                                                          if k.arg in facts.params]
-        constants = {name: constant for name, arg in arguments
-                     if (constant := scope.file_constant(arg, at)) is not None}
         for name in facts.constexpr:
             params.setdefault(name, sym(f"meta.{name}", "meta", name))
         meta_values = {k: v for k, v in params.items()}
@@ -350,15 +374,23 @@ class GeometryAnalysis:
                 if isinstance(node, ast.keyword) and node.arg == "num_warps":
                     num_warps.append((PyScope(self.python, None).expr(node.value, (0, 0)),
                                       f"a `triton.Config` (line {node.value.lineno})"))
-        pieces = [self.python.code(launch.grid)] + [self.python.code(a) for a in call.args] + \
-            [self.python.code(k.value) for k in call.keywords]
-        expanded = "\n".join(pieces + self._expand_py(" ".join(pieces), scope, at))
+
+        def arguments() -> LaunchArguments:
+            pieces = [self.python.code(launch.grid)] + [self.python.code(a) for a in call.args] + \
+                [self.python.code(k.value) for k in call.keywords]
+            expanded = "\n".join(pieces + self._expand_py(" ".join(pieces), scope, at))
+            named = list(zip(facts.params, call.args)) + [(k.arg, k.value) for k in call.keywords
+                                                          if k.arg in facts.params]
+            constants = {name: constant for name, arg in named
+                         if (constant := scope.file_constant(arg, at)) is not None}
+            return LaunchArguments(params, constants, expanded)
+
         text = self.python.code(call).split("\n")[0]
         host_text = self.python.code(function) if function is not None else ""
         return LaunchGeometry(
             self, "triton", launch.kernel, self.model.location(call), text[:120], facts, grid,
-            None, None, num_warps, params, function, expanded,
-            any(w in host_text for w in (".numel()", ".shape", ".size(")), constants)
+            None, None, num_warps, function,
+            any(w in host_text for w in (".numel()", ".shape", ".size(")), arguments)
 
     def _expand_py(self, text: str, scope: PyScope, at: tuple[int, int]) -> list[str]:
         out = []

@@ -7,8 +7,6 @@ lists, scalars).
 from __future__ import annotations
 
 import ast
-import bisect
-import functools
 from typing import Any
 
 import tree_sitter
@@ -26,7 +24,7 @@ from kaudit.geometry.algebra import (
     with_text,
 )
 from kaudit.geometry.vocabulary import AXES, BUILTIN_OBJECTS, CEIL_DIV_NAMES, Dims
-from kaudit.source import CudaUnit, LineIndex, SourceModel, cuda_language, cuda_parser
+from kaudit.source import CudaUnit, LineIndex, SourceModel, cuda_parser
 
 Node = tree_sitter.Node
 #: sizes of the element types shared memory arrays are declared with
@@ -53,15 +51,6 @@ _FILE_SCOPE = frozenset({"translation_unit", "declaration_list", "preproc_ifdef"
 _DEF_KINDS = ("declaration", "assignment_expression", "pointer_expression", "update_expression")
 KERNEL_KINDS = ("declaration", "assignment_expression", "call_expression", "for_statement",
                  "while_statement", "do_statement", "binary_expression", "field_expression")
-_ALL_KINDS = tuple(dict.fromkeys(_DEF_KINDS + KERNEL_KINDS + ("if_statement", "preproc_def",
-                                                                "preproc_function_def")))
-
-
-@functools.cache
-def _query() -> tree_sitter.Query:
-    return tree_sitter.Query(cuda_language(), " ".join(f"({kind}) @{kind}" for kind in _ALL_KINDS))
-
-
 _FLOAT_TYPES = ("float", "double")
 
 
@@ -96,39 +85,51 @@ def c_tokens(node: Node, src: Source, through_memory: bool = True) -> set[str]:
     """Identifiers an expression reads, with builtins as `blockIdx.x`; callee names left out.
     With `through_memory` False, values read from memory (`x[i]`, `*p`) add nothing: a loaded
     value is data, not an index."""
-    out: set[str] = set()
-    stack = [node]
+    every, direct = c_token_sets(node, src)
+    return every if through_memory else direct
+
+
+def c_token_sets(node: Node, src: Source) -> tuple[set[str], set[str]]:
+    """`c_tokens` both ways in one walk: (every token, the tokens not read through memory)."""
+    every: set[str] = set()
+    direct: set[str] = set()
+    stack = [(node, False)]
     while stack:
-        current = stack.pop()
+        current, loaded = stack.pop()
         kind = current.type
-        if not through_memory and (kind == "subscript_expression" or (
-                kind == "pointer_expression" and current.children
-                and current.children[0].type == "*")):
-            continue
+        if kind == "subscript_expression" or (kind == "pointer_expression" and current.children
+                                              and current.children[0].type == "*"):
+            loaded = True
         if kind == "field_expression":
             argument = current.child_by_field_name("argument")
             if argument is not None and argument.type == "identifier" \
                     and src.text_of(argument) in BUILTIN_OBJECTS:
-                out.add(src.text_of(current).replace(" ", ""))
+                token = src.text_of(current).replace(" ", "")
+                every.add(token)
+                if not loaded:
+                    direct.add(token)
                 continue
             if argument is not None:
-                stack.append(argument)
+                stack.append((argument, loaded))
             continue
         if kind == "identifier":
-            out.add(src.text_of(current))
+            token = src.text_of(current)
+            every.add(token)
+            if not loaded:
+                direct.add(token)
             continue
         if kind == "call_expression":
             arguments = current.child_by_field_name("arguments")
             function = current.child_by_field_name("function")
             if arguments is not None:
-                stack.append(arguments)
+                stack.append((arguments, loaded))
             if function is not None and function.type == "field_expression":
-                stack.append(function)  # x.size(0): the receiver is read
+                stack.append((function, loaded))  # x.size(0): the receiver is read
             continue
         if kind in ("string_literal", "type_descriptor", "template_argument_list", "sizeof_expression"):
             continue
-        stack.extend(current.children)
-    return out
+        stack.extend((child, loaded) for child in current.children)
+    return every, direct
 
 
 def number_literal(text: str) -> tuple[int | None, bool]:
@@ -578,31 +579,10 @@ class CppHost:
         self._memo: dict[str, Expr] = {}
         self._inline_depth = 0
         self._scopes: dict[int, CScope] = {}
-        self._node_index: dict[int, dict[str, tuple[list[int], list[Node]]]] = {}
 
     def nodes(self, unit: CudaUnit, kinds: tuple[str, ...], within: Node | None = None) -> list[Node]:
-        """The nodes of the given types in a unit (inside `within` when given), in source order;
-        one tree-sitter query per unit finds them all."""
-        index = self._node_index.get(id(unit))
-        if index is None:
-            captures = tree_sitter.QueryCursor(_query()).captures(unit.tree.root_node)
-            index = {}
-            for kind, nodes in captures.items():
-                nodes = sorted(nodes, key=lambda n: n.start_byte)
-                index[kind] = ([n.start_byte for n in nodes], nodes)
-            self._node_index[id(unit)] = index
-        out: list[Node] = []
-        for kind in kinds:
-            starts, nodes = index.get(kind, ([], []))
-            if within is None:
-                out.extend(nodes)
-            else:
-                lo = bisect.bisect_left(starts, within.start_byte)
-                hi = bisect.bisect_left(starts, within.end_byte)
-                out.extend(nodes[lo:hi])
-        if len(kinds) > 1:
-            out.sort(key=lambda n: n.start_byte)
-        return out
+        """The nodes of the given types in a unit (inside `within` when given), in source order."""
+        return unit.nodes(kinds, within)
 
     def scope(self, unit: CudaUnit, function: CppFunction | None) -> CScope:
         key = id(function) if function is not None else id(unit)

@@ -33,6 +33,7 @@ from kaudit.geometry.cpp_host import (
     CppHost,
     CScope,
     Node,
+    c_token_sets,
     c_tokens,
     declarator_name,
     number_literal,
@@ -92,8 +93,15 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
     unit = function.unit
     scope = CScope(host, unit, function, kernel=True)
     body = function.body
-    deps = {name: set().union(*(c_tokens(d.value, unit) for d in defs if d.value is not None))
-            for name, defs in scope.defs.items()}
+    deps: dict[str, set[str]] = {}
+    index_deps: dict[str, set[str]] = {}  # not through values read from memory
+    for name, defs in scope.defs.items():
+        deps[name], index_deps[name] = set(), set()
+        for definition in defs:
+            if definition.value is not None:
+                every, direct = c_token_sets(definition.value, unit)
+                deps[name] |= every
+                index_deps[name] |= direct
     closure = closure_of(deps)
     globals_ = set(scope.pointer_params)
     shared: list[tuple[str, int | None]] = []
@@ -164,9 +172,6 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
 
     def deps_text(name: str) -> str:
         return " ".join(closure([name]))
-    index_deps = {name: set().union(*(c_tokens(d.value, unit, through_memory=False)
-                                       for d in defs if d.value is not None))
-                  for name, defs in scope.defs.items()}
     index_closure = closure_of(index_deps)
     bounds = [bound for comparison in comparisons
               for bound in _c_index_bound(comparison, unit, scope, index_closure)]
