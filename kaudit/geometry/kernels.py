@@ -51,8 +51,11 @@ from kaudit.python_scope import dotted_parts
 from kaudit.forward import walk_code
 from kaudit.source import CudaUnit, SourceModel, TritonKernel, child_nodes, walk_tree
 
-def closure_of(deps: dict[str, set[str]]) -> Callable[[Iterable[str]], frozenset[str]]:
+def closure_of(deps: Callable[[str], Iterable[str]]) -> Callable[[Iterable[str]], frozenset[str]]:
+    """The tokens some tokens depend on, transitively, given what each name is defined from
+    (`deps`, asked once per name and only for the names reached)."""
     cache: dict[str, frozenset[str]] = {}
+    direct: dict[str, Iterable[str]] = {}
 
     def of_name(name: str) -> frozenset[str]:
         if name in cache:
@@ -61,7 +64,9 @@ def closure_of(deps: dict[str, set[str]]) -> Callable[[Iterable[str]], frozenset
         pending = [name]
         while pending:
             current = pending.pop()
-            for token in deps.get(current, ()):
+            if current not in direct:
+                direct[current] = deps(current)
+            for token in direct[current]:
                 if token not in seen:
                     seen.add(token)
                     pending.append(token)
@@ -93,16 +98,22 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
     unit = function.unit
     scope = CScope(host, unit, function, kernel=True)
     body = function.body
-    deps: dict[str, set[str]] = {}
-    index_deps: dict[str, set[str]] = {}  # not through values read from memory
-    for name, defs in scope.defs.items():
-        deps[name], index_deps[name] = set(), set()
-        for definition in defs:
-            if definition.value is not None:
-                every, direct = c_token_sets(definition.value, unit)
-                deps[name] |= every
-                index_deps[name] |= direct
-    closure = closure_of(deps)
+    token_sets: dict[str, tuple[set[str], set[str]]] = {}
+
+    def tokens_of(name: str) -> tuple[set[str], set[str]]:
+        """What `name`'s definitions read: every token, and those not read through memory."""
+        if name not in token_sets:
+            every: set[str] = set()
+            direct: set[str] = set()
+            for definition in scope.defs.get(name, ()):
+                if definition.value is not None:
+                    found = c_token_sets(definition.value, unit)
+                    every |= found[0]
+                    direct |= found[1]
+            token_sets[name] = (every, direct)
+        return token_sets[name]
+
+    closure = closure_of(lambda name: tokens_of(name)[0])
     globals_ = set(scope.pointer_params)
     shared: list[tuple[str, int | None]] = []
     local_pointers: list[tuple[str, set[str]]] = []
@@ -172,9 +183,11 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
 
     def deps_text(name: str) -> str:
         return " ".join(closure([name]))
-    index_closure = closure_of(index_deps)
-    bounds = [bound for comparison in comparisons
-              for bound in _c_index_bound(comparison, unit, scope, index_closure)]
+    def bounds() -> list[IndexBound]:
+        index_closure = closure_of(lambda name: tokens_of(name)[1])
+        return [bound for comparison in comparisons
+                for bound in _c_index_bound(comparison, unit, scope, index_closure)]
+
     size_params = [name for name, type_text in scope.params.items()
                    if name not in scope.pointer_params
                    and any(t in type_text for t in INTEGRAL_TYPES)]
@@ -544,8 +557,7 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
                 stack.extend(child_nodes(current))
         return out
 
-    deps = {name: set().union(*(tokens(v) for v in vs)) for name, vs in values.items()}
-    closure = closure_of(deps)
+    closure = closure_of(lambda name: set().union(*(tokens(v) for v in values.get(name, ()))))
     single = {name: (vs[0] if len(vs) == 1 and not isinstance(vs[0], _Opaque) else None)
               for name, vs in values.items()}
     scope = TritonKernelScope(host, function, single, aranges)
@@ -586,10 +598,12 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
                 if any(t.startswith("pid") for t in tokens(call.args[0])):
                     _add_coverage(found, scope.expr(call.args[0], (0, 0)), "pid")
         return found
-    index_closure = closure_of({name: set().union(*(tokens(v, False) for v in vs))
-                                for name, vs in values.items()})
-    bounds = [bound for compare in compares
-              for bound in _py_index_bound(compare, index_closure, tokens, host, params, set(values))]
+    def bounds() -> list[IndexBound]:
+        index_closure = closure_of(lambda name: set().union(*(tokens(v, False)
+                                                              for v in values.get(name, ()))))
+        return [bound for compare in compares
+                for bound in _py_index_bound(compare, index_closure, tokens, host, params, set(values))]
+
     compared = {t for c in compares for t in tokens(c)}
     size_params = [p for p in params if p not in constexpr and "ptr" not in p.lower()
                    and not p.lower().startswith("stride")

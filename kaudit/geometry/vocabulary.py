@@ -85,12 +85,23 @@ class KernelFacts:
     stride_axes: set[int]  # axes with a loop stepping by gridDim / num_programs
     coverage_source: Callable[[], dict[int, list[Expr]]]  # computes `coverage` when first asked
     stores: list[Store]
-    bounds: list[IndexBound]  # upper bounds on the global index, in source order
+    bounds_source: Callable[[], list[IndexBound]]  # computes `bounds` when first asked
     shared: list[tuple[str, int | None]]  # static __shared__ arrays and their bytes
     template_params: list[str] = field(default_factory=list)
     constexpr: set[str] = field(default_factory=set)
 
     _coverage: dict[int, list[Expr]] | None = None
+    _bounds: list[IndexBound] | None = None
+
+    @property
+    def bounds(self) -> list[IndexBound]:
+        """Upper bounds on the global index, in source order."""
+        if self._bounds is None:
+            try:
+                self._bounds = self.bounds_source()
+            except RecursionError:
+                self._bounds = []
+        return self._bounds
 
     @property
     def const_bounds(self) -> list[IndexBound]:
