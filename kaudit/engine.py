@@ -15,7 +15,7 @@ from pathlib import Path
 from kaudit.config import Config
 from kaudit.findings import Finding, ScanError, assign_fingerprints
 from kaudit.rule import Rule, all_rules, rule_by_code
-from kaudit.source import SourceModel, decode_source, read_source, split_lines
+from kaudit.source import SourceModel, decode_source, prepare_grammar, read_source, split_lines
 from kaudit.suppressions import Suppression, apply_suppressions
 
 MARKER = "ModelNew"
@@ -35,6 +35,13 @@ class FileResult:
 def _enabled_rules(config: Config) -> tuple[Rule, ...]:
     return tuple(rule() for rule in all_rules()
                  if rule.audit == "static" and config.is_enabled(rule.code))
+
+
+def prepare(config: Config) -> None:
+    """Loads the enabled rules (and what they import) and the grammar before worker processes
+    are forked, so that each does not load its own copy."""
+    _enabled_rules(config)
+    prepare_grammar()
 
 
 def check_model(model: SourceModel, config: Config) -> FileResult:

@@ -115,6 +115,13 @@ INDEXED_KINDS = ("assignment_expression", "binary_expression", "call_expression"
                  "while_statement")
 
 
+def prepare_grammar() -> None:
+    """Builds the C++ parser and the shared query now (worker processes forked afterwards
+    inherit them instead of each building its own)."""
+    cuda_parser()
+    _kinds_query(INDEXED_KINDS)
+
+
 def find_nodes(root: tree_sitter.Node, kinds: tuple[str, ...]) -> dict[str, list[tree_sitter.Node]]:
     """Nodes of the given types under `root`, in source order (outer before inner), by type. A
     tree-sitter query: much faster than walking `children` from Python."""
