@@ -42,6 +42,9 @@ _HOST_LOW_DTYPE = re.compile(r"\bk(?:Half|Float16|BFloat16|Float8_e4m3fn|Float8_
 _HOST_CAST_CALLS = frozenset({"to", "toType", "type", "dtype", "_to_copy", "view"})
 _AUTOCAST_EFFECT = "matmuls and convolutions inside it run in fp16/bf16"
 _CUDA_NODE_TYPES = frozenset({"identifier", "type_identifier", "gnu_asm_expression"})
+#: every token `_low_token` reports contains one of these: code without any is not walked
+_LOW_HINT = re.compile(r"half|bfloat16|fp8|tf32|__h(?:add|sub|mul|div|fma|neg|max|min|abs)|Half|BFloat16|"
+                       r"Float8|asm")
 
 
 class PrecisionDowngrade(Rule):
@@ -305,6 +308,8 @@ def _first_low_use_in(kernel: CppFunction, device: dict[str, CppFunction],
 
 def _first_low_token(unit: CudaUnit, root: tree_sitter.Node
                      ) -> tuple[tree_sitter.Node, str] | None:
+    if not _LOW_HINT.search(unit.text_of(root)):
+        return None
     stack = [root]
     while stack:
         node = stack.pop()
