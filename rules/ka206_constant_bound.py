@@ -61,22 +61,20 @@ class ConstantBound(LaunchRule):
         assert kernel is not None
         if not kernel.bounds:
             return
-        checked = " ".join(check.text for check in launch.geo.preconditions())
         reads_sizes = bool(kernel.size_params) or launch.host_sizes
         for bound in kernel.bounds:
             where = f"(`{bound.text}`, line {bound.location.line})"
             if bound.param:
                 constant = launch.constants.get(bound.param)
                 known = evaluate(launch.params[bound.param]) if constant else None
-                if known is None or known < 2 or constant in checked or str(known) in checked:
+                if known is None or known < 2 or _checked(launch, constant, known):
                     continue
                 message = (f"kernel `{kernel.name}` bounds its global index by `{bound.param}` {where} "
                            f"and the launch passes the constant `{constant}` = {known} instead of "
                            f"the input's size")
                 value = known
             else:
-                if not reads_sizes or str(bound.literal) in checked \
-                        or (bound.name and bound.name in checked):
+                if not reads_sizes or _checked(launch, bound.name, bound.literal):
                     continue
                 size = f"the size argument `{kernel.size_params[0]}`" if kernel.size_params \
                     else "the tensor's size at the launch"
@@ -89,3 +87,8 @@ class ConstantBound(LaunchRule):
                               f"bounds", literal=value)
             return
 
+
+def _checked(launch: LaunchGeometry, name: str | None, value: int | None) -> bool:
+    """The host checks the constant (`TORCH_CHECK(n == 4096)`, `assert x.shape[1] == FEATURES`)."""
+    checked = " ".join(check.text for check in launch.geo.preconditions())
+    return bool(name and name in checked) or str(value) in checked

@@ -40,12 +40,14 @@ INDIRECT_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchCooperativeKernel"
 
 @dataclass
 class LaunchArguments:
-    """What a launch hands its kernel, worked out only when a rule asks (most never do)."""
+    """What a launch hands its kernel, each part worked out only when a rule asks for it."""
 
-    params: dict[str, Expr]  # kernel parameter (and blockDim.x, ...) -> value at this launch
+    #: kernel parameter (and blockDim.x, ...) -> value at this launch
+    params: Callable[[], dict[str, Expr]]
     #: kernel parameter -> the file-level constant its argument names (`FEATURES`, `#define N`)
-    constants: dict[str, str]
-    expanded: str  # the launch's text plus the definitions of the names it uses
+    constants: Callable[[], dict[str, str]]
+    #: the launch's text plus the definitions of the names it uses
+    expanded: Callable[[], str]
 
 
 @dataclass
@@ -64,31 +66,30 @@ class LaunchGeometry:
     num_warps: list[tuple[Expr, str]]
     host: Any  # the function holding the launch (tail launches are looked for there)
     host_sizes: bool  # the host derives sizes from tensors around the launch
-    arguments_source: Callable[[], LaunchArguments]
-    _arguments: LaunchArguments | None = None
+    arguments: LaunchArguments
+    _known: dict[str, Any] = field(default_factory=dict)
     _dims: dict[int, DimClass] = field(default_factory=dict)
 
     @property
     def python(self) -> bool:
         return self.lang == "triton"
 
-    @property
-    def arguments(self) -> LaunchArguments:
-        if self._arguments is None:
-            self._arguments = self.arguments_source()
-        return self._arguments
+    def _argument(self, part: str) -> Any:
+        if part not in self._known:
+            self._known[part] = getattr(self.arguments, part)()
+        return self._known[part]
 
     @property
     def params(self) -> dict[str, Expr]:
-        return self.arguments.params
+        return self._argument("params")
 
     @property
     def constants(self) -> dict[str, str]:
-        return self.arguments.constants
+        return self._argument("constants")
 
     @property
     def expanded(self) -> str:
-        return self.arguments.expanded
+        return self._argument("expanded")
 
     def dim(self, axis: int) -> DimClass:
         if axis not in self._dims:
@@ -305,15 +306,11 @@ class GeometryAnalysis:
                          and f.qualifier == "global"), None)
         facts = self.kernel_facts_cuda(function) if function is not None else None
 
-        def arguments() -> LaunchArguments:
+        def params() -> dict[str, Expr]:
             params: dict[str, Expr] = {}
-            constants: dict[str, str] = {}
             if facts is not None:
                 for name, arg in zip(facts.params, launch.args):
                     params[name] = scope.expr(arg, at)
-                    constant = scope.file_constant(arg, at)
-                    if constant is not None:
-                        constants[name] = constant
                 callee = launch.node.child_by_field_name("function")
                 if callee is not None and callee.type == "template_function":
                     targs = callee.child_by_field_name("arguments")
@@ -327,16 +324,24 @@ class GeometryAnalysis:
             for axis in range(3):
                 if not grid.unknown_reason:
                     params[f"gridDim.{AXIS_NAMES[axis]}"] = grid.get(axis)
+            return params
+
+        def constants() -> dict[str, str]:
+            names = facts.params if facts is not None else []
+            return {name: constant for name, arg in zip(names, launch.args)
+                    if (constant := scope.file_constant(arg, at)) is not None}
+
+        def expanded() -> str:
             pieces = [unit.text_of(c) for c in config] + [unit.text_of(a) for a in launch.args]
-            return LaunchArguments(params, constants,
-                                   self._expand_c(" ".join(pieces), launch, scope, at))
+            return self._expand_c(" ".join(pieces), launch, scope, at)
 
         text = " ".join(unit.text_of(launch.node).split())
         host_text = unit.text_of(launch.function.node) if launch.function is not None else ""
         return LaunchGeometry(
             self, "cuda", launch.kernel, unit.location(launch.node), text[:120], facts, grid, block,
             shared, [], launch.function,
-            any(w in host_text for w in (".numel()", ".size(", "sizes()", "numel(")), arguments)
+            any(w in host_text for w in (".numel()", ".size(", "sizes()", "numel(")),
+            LaunchArguments(params, constants, expanded))
 
     def _expand_c(self, text: str, launch: KernelLaunch, scope: CScope, at: int) -> str:
         out = [text]
@@ -375,22 +380,24 @@ class GeometryAnalysis:
                     num_warps.append((PyScope(self.python, None).expr(node.value, (0, 0)),
                                       f"a `triton.Config` (line {node.value.lineno})"))
 
-        def arguments() -> LaunchArguments:
+        def expanded() -> str:
             pieces = [self.python.code(launch.grid)] + [self.python.code(a) for a in call.args] + \
                 [self.python.code(k.value) for k in call.keywords]
-            expanded = "\n".join(pieces + self._expand_py(" ".join(pieces), scope, at))
+            return "\n".join(pieces + self._expand_py(" ".join(pieces), scope, at))
+
+        def constants() -> dict[str, str]:
             named = list(zip(facts.params, call.args)) + [(k.arg, k.value) for k in call.keywords
                                                           if k.arg in facts.params]
-            constants = {name: constant for name, arg in named
-                         if (constant := scope.file_constant(arg, at)) is not None}
-            return LaunchArguments(params, constants, expanded)
+            return {name: constant for name, arg in named
+                    if (constant := scope.file_constant(arg, at)) is not None}
 
         text = self.python.code(call).split("\n")[0]
         host_text = self.python.code(function) if function is not None else ""
         return LaunchGeometry(
             self, "triton", launch.kernel, self.model.location(call), text[:120], facts, grid,
             None, None, num_warps, function,
-            any(w in host_text for w in (".numel()", ".shape", ".size(")), arguments)
+            any(w in host_text for w in (".numel()", ".shape", ".size(")),
+            LaunchArguments(lambda: params, constants, expanded))
 
     def _expand_py(self, text: str, scope: PyScope, at: tuple[int, int]) -> list[str]:
         out = []
