@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import tree_sitter
@@ -420,6 +420,29 @@ def find_tokens(unit: CudaUnit, pattern: re.Pattern[str],
         node = root.descendant_for_byte_range(byte, byte + width)
         if node is not None and node.type in types:
             yield match.group(0), node
+
+
+def find_words(unit: CudaUnit, words: Iterable[str],
+               types: frozenset[str]) -> Iterator[tuple[str, tree_sitter.Node]]:
+    """Occurrences of the whole words `words` in a unit that tree-sitter reads as one of `types`,
+    found with `str.find` (no pattern to compile for each set of words)."""
+    text = unit.text
+    encoded_prefix_needed = not text.isascii()
+    root = unit.tree.root_node
+    for word in words:
+        start = text.find(word)
+        while start >= 0:
+            end = start + len(word)
+            if not _word_char(text, start - 1) and not _word_char(text, end):
+                byte = len(text[:start].encode("utf-8")) if encoded_prefix_needed else start
+                node = root.descendant_for_byte_range(byte, byte + len(word.encode("utf-8")))
+                if node is not None and node.type in types:
+                    yield word, node
+            start = text.find(word, end)
+
+
+def _word_char(text: str, i: int) -> bool:
+    return 0 <= i < len(text) and (text[i].isalnum() or text[i] == "_")
 
 
 def loop_or_block_rest(node: tree_sitter.Node) -> list[tree_sitter.Node]:

@@ -6,7 +6,7 @@ import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
-from kaudit.integrity import find_tokens
+from kaudit.integrity import find_words
 from kaudit.rule import Rule
 from kaudit.source import CudaUnit, SourceModel, find_nodes
 from kaudit.torch_ops import TENSOR_COMPUTE_METHODS
@@ -501,8 +501,7 @@ def _referenced_identifiers(unit: CudaUnit, defined: set[str]) -> set[str]:
     if not defined:
         return set()
     found: set[str] = set()
-    names = re.compile(r"\b(?:" + "|".join(re.escape(name) for name in sorted(defined)) + r")\b")
-    for _, node in find_tokens(unit, names, frozenset({"identifier"})):
+    for _, node in find_words(unit, sorted(defined), frozenset({"identifier"})):
         parent = node.parent
         if parent is not None and parent.type == "function_declarator" \
                 and parent.child_by_field_name("declarator") == node:
