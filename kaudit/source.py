@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import bisect
 import functools
+import itertools
 import os
 import re
 import warnings
@@ -39,15 +40,16 @@ def child_nodes(node: ast.AST) -> list[ast.AST]:
     for name in node._fields:
         value = getattr(node, name, None)
         if value.__class__ is list:
-            out.extend(item for item in value if isinstance(item, ast.AST))
+            out.extend([item for item in value if isinstance(item, ast.AST)])
         elif isinstance(value, ast.AST) and name != "ctx":
             out.append(value)
     return out
 
 
 def walk_all(root: ast.AST) -> list[ast.AST]:
-    """`list(ast.walk(root))` (breadth first), without ast's per-field generators: the one full
-    walk of each module, on the hot path of every scan."""
+    """`list(ast.walk(root))` (breadth first) without the expression contexts (`Load`, `Store`)
+    and without ast's per-field generators: the one full walk of each module, on the hot path of
+    every scan."""
     out = [root]
     i = 0
     while i < len(out):
@@ -56,8 +58,8 @@ def walk_all(root: ast.AST) -> list[ast.AST]:
         for name in node._fields:
             value = getattr(node, name, None)
             if value.__class__ is list:
-                out.extend(item for item in value if isinstance(item, ast.AST))
-            elif isinstance(value, ast.AST):
+                out.extend([item for item in value if isinstance(item, ast.AST)])
+            elif isinstance(value, ast.AST) and name != "ctx":
                 out.append(value)
     return out
 
@@ -88,7 +90,7 @@ def compact(text: str) -> str:
 
 def split_lines(text: str) -> list[str]:
     """Lines as Python counts them (\\r\\n, \\r or \\n; not form feeds)."""
-    return _LINE_BREAK.split(text)
+    return text.split("\n") if "\r" not in text else _LINE_BREAK.split(text)
 
 
 @functools.cache
@@ -137,7 +139,11 @@ class LineIndex:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        if "\r" in text:
+            self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        else:
+            self.starts = list(itertools.accumulate((len(line) + 1 for line in text.split("\n")[:-1]),
+                                                    initial=0))
         self.ascii = text.isascii()
 
     def position(self, offset: int) -> tuple[int, int]:
