@@ -18,7 +18,7 @@ from kaudit.baseline import load_baseline, mark_findings
 from kaudit.cache import ResultCache
 from kaudit.config import Config, ConfigError
 from kaudit.discover import WorkItem, discover
-from kaudit.engine import FileResult, prepare, scan_file, scan_text
+from kaudit.engine import FileResult, scan_file, scan_text, scanning
 from kaudit.findings import Finding, ScanError
 from kaudit.results import BaselineTimings, ResultTrees, Submission
 from kaudit.verdicts import Verdict, judge, summarize
@@ -127,11 +127,13 @@ def _results(items: list[WorkItem], config: Config) -> Iterator[tuple[WorkItem, 
 
 def _scan(items: list[WorkItem], indices: list[int], config: Config) -> Iterator[FileResult]:
     work = [(items[i], config) for i in indices]
-    jobs = min(config.jobs, max(1, len(work) // _FILES_PER_WORKER))
-    if jobs <= 1:
-        yield from map(_scan_item, work)
+    if not work:
         return
-    # fork: workers inherit the loaded rules and grammars; the static pass runs no kernel code.
-    prepare(config)
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap(_scan_item, work, chunksize=max(1, min(32, len(work) // (jobs * 4))))
+    jobs = min(config.jobs, max(1, len(work) // _FILES_PER_WORKER))
+    with scanning(config):
+        if jobs <= 1:
+            yield from map(_scan_item, work)
+            return
+        # fork: workers inherit the loaded rules and grammars; the static pass runs no kernel code.
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            yield from pool.imap(_scan_item, work, chunksize=max(1, min(32, len(work) // (jobs * 4))))

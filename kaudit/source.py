@@ -394,6 +394,11 @@ class SourceModel:
             if parts and parts[-1] in ("load_inline", "load"):
                 load_calls.append((node.value, names))
 
+    def release(self) -> None:
+        """Drops the analyses built on this model: they refer back to it, so without this only
+        the cycle collector would free them."""
+        self._memo.clear()
+
     def memo(self, key: str, build: Callable[[], T]) -> T:
         """An analysis shared by the rules (forward paths, the kernel graph, ...), built once per
         file on first use and dropped with the model."""
