@@ -126,11 +126,14 @@ def _cpu_of_children() -> float:
 def _child(args: list[str], stdin: str, timeout: float, cwd: Path | None = None
            ) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds of the child and the processes it waited for, stdout)."""
+    # Compiled bytecode is kept (an installed kaudit has it), even where the environment says not
+    # to write it: otherwise every run would compile kaudit's modules again.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cpu = _cpu_of_children()
     start = time.perf_counter()
     try:
         proc = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=timeout,
-                              cwd=cwd)
+                              cwd=cwd, env=env)
     except subprocess.TimeoutExpired as exc:
         raise CorpusError(f"`{' '.join(args[:4])} ...` timed out after {timeout:.0f}s") from exc
     seconds = time.perf_counter() - start
