@@ -59,10 +59,10 @@ class ConstantBound(LaunchRule):
     def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
         kernel = launch.kernel
         assert kernel is not None
-        if not kernel.bounds:
-            return
         reads_sizes = bool(kernel.size_params) or launch.host_sizes
-        for bound in kernel.bounds:
+        bounds = (kernel.const_bounds if reads_sizes else []) + \
+            (kernel.param_bounds if launch.constants else [])
+        for bound in sorted(bounds, key=lambda b: (b.location.line, b.location.column)):
             where = f"(`{bound.text}`, line {bound.location.line})"
             if bound.param:
                 constant = launch.constants.get(bound.param)
@@ -74,7 +74,7 @@ class ConstantBound(LaunchRule):
                            f"the input's size")
                 value = known
             else:
-                if not reads_sizes or _checked(launch, bound.name, bound.literal):
+                if _checked(launch, bound.name, bound.literal):
                     continue
                 size = f"the size argument `{kernel.size_params[0]}`" if kernel.size_params \
                     else "the tensor's size at the launch"

@@ -183,10 +183,11 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
 
     def deps_text(name: str) -> str:
         return " ".join(closure([name]))
-    def bounds() -> list[IndexBound]:
-        index_closure = closure_of(lambda name: tokens_of(name)[1])
+    index_closure = closure_of(lambda name: tokens_of(name)[1])
+
+    def bounds(fixed: bool) -> list[IndexBound]:
         return [bound for comparison in comparisons
-                for bound in _c_index_bound(comparison, unit, scope, index_closure)]
+                for bound in _c_index_bound(comparison, unit, scope, index_closure, fixed)]
 
     size_params = [name for name, type_text in scope.params.items()
                    if name not in scope.pointer_params
@@ -353,10 +354,11 @@ def _add_coverage(coverage: dict[int, list[Expr]], e: Expr, prefix: str) -> None
 
 
 def _c_index_bound(comparison: Node, unit: CudaUnit, scope: CScope,
-                   closure: Callable[[Iterable[str]], frozenset[str]]) -> list[IndexBound]:
+                   closure: Callable[[Iterable[str]], frozenset[str]], fixed: bool) -> list[IndexBound]:
     """The upper bounds a comparison puts on the global index (built from `blockIdx` and
     `threadIdx`, not through values read from memory): `i < n`, `4096 > i`, and `i >= n` only
-    when it leaves (`if (i >= n) return;`); `o >= 4 && o <= L - 4` bounds `o` by `L` alone."""
+    when it leaves (`if (i >= n) return;`); `o >= 4 && o <= L - 4` bounds `o` by `L` alone.
+    `fixed`: bounds by a literal or a named constant, else bounds by kernel parameters."""
     left = comparison.child_by_field_name("left")
     right = comparison.child_by_field_name("right")
     operator = comparison.child_by_field_name("operator")
@@ -365,6 +367,11 @@ def _c_index_bound(comparison: Node, unit: CudaUnit, scope: CScope,
     sign = unit.text_of(operator)
     for index_side, other, upper in ((left, right, sign in ("<", "<=")),
                                      (right, left, sign in (">", ">="))):
+        constant = other.type == "number_literal" or (
+            other.type == "identifier" and unit.text_of(other) not in scope.params
+            and unit.text_of(other) not in scope.defs)
+        if constant != fixed:
+            continue  # the other kind: decided without following the index
         reach = closure(c_tokens(index_side, unit, through_memory=False))
         if not (any(t.startswith("blockIdx.") for t in reach)
                 and any(t.startswith("threadIdx.") for t in reach)):
@@ -378,7 +385,7 @@ def _c_index_bound(comparison: Node, unit: CudaUnit, scope: CScope,
             return [IndexBound(text, location, value)] if value is not None and not is_float \
                 and value >= 2 else []
         names = c_tokens(other, unit, through_memory=False)
-        if other.type == "identifier" and not names & (set(scope.params) | set(scope.defs)):
+        if other.type == "identifier" and fixed:
             value = evaluate(scope.expr(other, 0))
             name = unit.text_of(other)
             return [IndexBound(text, location, value, name)] if value is not None and value >= 2 \
@@ -598,11 +605,13 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
                 if any(t.startswith("pid") for t in tokens(call.args[0])):
                     _add_coverage(found, scope.expr(call.args[0], (0, 0)), "pid")
         return found
-    def bounds() -> list[IndexBound]:
-        index_closure = closure_of(lambda name: set().union(*(tokens(v, False)
-                                                              for v in values.get(name, ()))))
+    index_closure = closure_of(lambda name: set().union(*(tokens(v, False)
+                                                          for v in values.get(name, ()))))
+
+    def bounds(fixed: bool) -> list[IndexBound]:
         return [bound for compare in compares
-                for bound in _py_index_bound(compare, index_closure, tokens, host, params, set(values))]
+                for bound in _py_index_bound(compare, index_closure, tokens, host, params,
+                                             set(values), fixed)]
 
     compared = {t for c in compares for t in tokens(c)}
     size_params = [p for p in params if p not in constexpr and "ptr" not in p.lower()
@@ -682,7 +691,7 @@ def _py_loop_axes(loop: ast.AST, closure: Callable[[Iterable[str]], frozenset[st
 
 def _py_index_bound(compare: ast.Compare, closure: Callable[[Iterable[str]], frozenset[str]],
                     tokens: Callable[[ast.AST, bool], set[str]], host: PythonHost,
-                    params: list[str], local_names: set[str]) -> list[IndexBound]:
+                    params: list[str], local_names: set[str], fixed: bool) -> list[IndexBound]:
     """The upper bounds a comparison puts on an element index (built from `tl.arange`, not
     through values loaded from memory): `offs < n`, `4096 > offs`, `cols < FEATURES` (a module
     constant). A literal counts only against a global index (`tl.program_id` too): `cols < 64`
@@ -693,7 +702,9 @@ def _py_index_bound(compare: ast.Compare, closure: Callable[[Iterable[str]], fro
     greater = isinstance(compare.ops[0], (ast.Gt, ast.GtE))
     for index_side, other, upper in ((compare.left, compare.comparators[0], less),
                                      (compare.comparators[0], compare.left, greater)):
-        if not upper:
+        constant = isinstance(other, ast.Constant) or (
+            isinstance(other, ast.Name) and other.id not in params and other.id not in local_names)
+        if not upper or constant != fixed:
             continue
         reach = closure(tokens(index_side, False))
         if not any(t.startswith("arange") for t in reach):
@@ -704,7 +715,7 @@ def _py_index_bound(compare: ast.Compare, closure: Callable[[Iterable[str]], fro
             return [IndexBound(text, location, value)] if isinstance(value, int) \
                 and not isinstance(value, bool) and value >= 2 \
                 and any(t.startswith("pid") for t in reach) else []
-        if isinstance(other, ast.Name) and other.id not in params and other.id not in local_names:
+        if isinstance(other, ast.Name) and fixed:
             value = evaluate(host.module_value(other.id, other.id))
             return [IndexBound(text, location, value, other.id)] if value is not None and value >= 2 \
                 else []

@@ -85,28 +85,33 @@ class KernelFacts:
     stride_axes: set[int]  # axes with a loop stepping by gridDim / num_programs
     coverage_source: Callable[[], dict[int, list[Expr]]]  # computes `coverage` when first asked
     stores: list[Store]
-    bounds_source: Callable[[], list[IndexBound]]  # computes `bounds` when first asked
+    #: computes the bounds by constants (True) or by parameters (False) when first asked
+    bounds_source: Callable[[bool], list[IndexBound]]
     shared: list[tuple[str, int | None]]  # static __shared__ arrays and their bytes
     template_params: list[str] = field(default_factory=list)
     constexpr: set[str] = field(default_factory=set)
 
     _coverage: dict[int, list[Expr]] | None = None
-    _bounds: list[IndexBound] | None = None
+    _bounds: dict[bool, list[IndexBound]] = field(default_factory=dict)
 
-    @property
-    def bounds(self) -> list[IndexBound]:
-        """Upper bounds on the global index, in source order."""
-        if self._bounds is None:
+    def _bounds_of(self, fixed: bool) -> list[IndexBound]:
+        if fixed not in self._bounds:
             try:
-                self._bounds = self.bounds_source()
+                self._bounds[fixed] = self.bounds_source(fixed)
             except RecursionError:
-                self._bounds = []
-        return self._bounds
+                self._bounds[fixed] = []
+        return self._bounds[fixed]
 
     @property
     def const_bounds(self) -> list[IndexBound]:
-        """Bounds fixed in the kernel: a literal or a named constant."""
-        return [b for b in self.bounds if b.literal is not None]
+        """Upper bounds on the global index fixed in the kernel: a literal or a named constant
+        (valued; one the file does not define is left out)."""
+        return [b for b in self._bounds_of(True) if b.literal is not None]
+
+    @property
+    def param_bounds(self) -> list[IndexBound]:
+        """Upper bounds on the global index by kernel parameters (`i < n`)."""
+        return self._bounds_of(False)
 
     @property
     def coverage(self) -> dict[int, list[Expr]]:
