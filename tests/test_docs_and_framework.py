@@ -112,3 +112,15 @@ def test_extras_declare_what_the_triton_interpreter_imports():
         names = {re.split(r"[<>=;\[ ]", requirement)[0]
                  for requirement in project["optional-dependencies"][extra]}
         assert "numpy" in names, extra
+
+
+MODULE_LINES_MAX = 800
+
+
+def test_no_module_over_800_lines():
+    """The developer guide's limit: a module that grows past it is split by concern."""
+    long = {str(path.relative_to(ROOT)): count
+            for path in [*(ROOT / "kaudit").rglob("*.py"), *(ROOT / "rules").glob("*.py")]
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES_MAX}
+    assert not long, long
+

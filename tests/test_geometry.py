@@ -346,3 +346,27 @@ def test_static_shared_memory_and_constant_bounds():
     assert dict(launch.kernel.shared) == {"a": 64 * 64 * 4, "b": 128 * 8}
     assert [b.literal for b in launch.kernel.const_bounds] == [4096]
     assert launch.kernel.size_params == ["n"]
+
+
+# --- the package's layers -------------------------------------------------------------------
+
+GEOMETRY_LAYERS = ["algebra", "vocabulary", "python_host", "cpp_host", "kernels", "analysis"]
+# python_host and cpp_host are one layer: neither imports the other
+SAME_LAYER = {("python_host", "cpp_host"), ("cpp_host", "python_host")}
+
+
+@pytest.mark.parametrize("module", GEOMETRY_LAYERS)
+def test_geometry_modules_import_only_lower_layers(module):
+    """Each module imports only the ones listed before it, so the package has no import cycle."""
+    import ast
+    from pathlib import Path
+
+    import kaudit.geometry
+
+    path = Path(kaudit.geometry.__file__).parent / f"{module}.py"
+    imported = {node.module.rsplit(".", 1)[-1] for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module
+                and node.module.startswith("kaudit.geometry.")}
+    lower = set(GEOMETRY_LAYERS[:GEOMETRY_LAYERS.index(module)])
+    assert imported <= lower, f"{module} imports {sorted(imported - lower)}"
+    assert not {(module, other) for other in imported} & SAME_LAYER
