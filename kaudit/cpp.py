@@ -5,6 +5,7 @@ bindings. Rules about C++ code query this index instead of walking trees themsel
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 
 import tree_sitter
@@ -22,7 +23,7 @@ class CppFunction:
     node: tree_sitter.Node  # the function_definition
     unit: CudaUnit
 
-    @property
+    @functools.cached_property
     def body(self) -> tree_sitter.Node | None:
         return self.node.child_by_field_name("body")
 
@@ -39,7 +40,7 @@ class CppCall:
     function: CppFunction | None  # the definition the call sits in
     args: tuple[tree_sitter.Node, ...]
 
-    @property
+    @functools.cached_property
     def short_name(self) -> str:
         """"at::matmul" -> "matmul", "x.data_ptr<float>" -> "data_ptr"."""
         return self.name.split("<")[0].replace("->", ".").split("::")[-1].split(".")[-1]

@@ -73,6 +73,9 @@ class ReturnTracer:
     def __init__(self, analysis: ForwardAnalysis) -> None:
         self.analysis = analysis
         self.model = analysis.model
+        self._assignments: dict[FunctionNode, dict[str, list[Assignment]]] = {}
+        self._traced: dict[tuple[int, int, int], list[Producer]] = {}
+        self._written: dict[tuple[FunctionNode, str], bool] = {}
 
     def flows(self, function: FunctionNode) -> list[ReturnFlow]:
         return [ReturnFlow(node, tuple(self._producers(node.value, function, 0)))
@@ -80,6 +83,14 @@ class ReturnTracer:
                 if isinstance(node, ast.Return) and node.value is not None]
 
     def _producers(self, expr: ast.AST, function: FunctionNode, depth: int) -> list[Producer]:
+        """What `expr` may come from; traced once per expression and depth (a value used many
+        times is not traced again for each use)."""
+        key = (id(expr), id(function), depth)
+        if key not in self._traced:
+            self._traced[key] = self._trace(expr, function, depth)
+        return self._traced[key]
+
+    def _trace(self, expr: ast.AST, function: FunctionNode, depth: int) -> list[Producer]:
         if depth > _MAX_DEPTH:
             return [Producer(Source.UNKNOWN, expr, "too deep")]
         if isinstance(expr, (ast.Tuple, ast.List)):
@@ -133,7 +144,9 @@ class ReturnTracer:
         return [Producer(Source.UNKNOWN, expr, self.model.code_of(expr))]
 
     def _name_producers(self, name: ast.Name, function: FunctionNode, depth: int) -> list[Producer]:
-        values = _reaching_assignments(function, name.id, name.lineno)
+        if function not in self._assignments:  # one walk per function, not one per name
+            self._assignments[function] = _assignments(function)
+        values = _reaching_assignments(self._assignments[function], name.id, name.lineno)
         if not values:
             is_input = function is self.analysis.forward and name.id in _parameters(function)
             return [Producer(Source.INPUT if is_input else Source.UNKNOWN, name, name.id)]
@@ -145,6 +158,11 @@ class ReturnTracer:
 
     def _written_by_kernel(self, function: FunctionNode, name: str) -> bool:
         """True when `name` is handed to a custom kernel (out-parameter style) or mutated in place."""
+        if (function, name) not in self._written:
+            self._written[function, name] = self._find_kernel_write(function, name)
+        return self._written[function, name]
+
+    def _find_kernel_write(self, function: FunctionNode, name: str) -> bool:
         owner = self.analysis.owner.get(function)
         for node in walk_code(function.body):
             if not isinstance(node, ast.Call):
@@ -204,25 +222,38 @@ def _flatten_sum(expr: ast.AST, sign: int, out: list[tuple[int, ast.AST]]) -> No
         out.append((sign, expr))
 
 
-def _reaching_assignments(function: FunctionNode, name: str, before_line: int) -> list[ast.AST]:
+#: (line, whether the statement is at the function's top level, the value assigned)
+Assignment = tuple[int, bool, ast.AST]
+
+
+def _assignments(function: FunctionNode) -> dict[str, list[Assignment]]:
+    """Every assignment in a function, by the name it binds, in walk order."""
+    out: dict[str, list[Assignment]] = {}
+    top_level = {id(statement) for statement in function.body}
+    for node in walk_code(function.body):
+        if isinstance(node, ast.Assign):
+            bound = [(name, node.value) for target in node.targets for name in _bound_names(target)]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            bound = [(name, node.value) for name in _bound_names(node.target)]
+        elif isinstance(node, ast.AugAssign):
+            bound = [(name, ast.copy_location(ast.BinOp(
+                left=ast.copy_location(ast.Name(id=name), node), op=node.op, right=node.value), node))
+                for name in _bound_names(node.target)]
+        elif isinstance(node, ast.NamedExpr):
+            bound = [(node.target.id, node.value)]
+        else:
+            continue
+        for name, value in dict(bound).items():  # a name bound twice by one statement counts once
+            out.setdefault(name, []).append((node.lineno, id(node) in top_level, value))
+    return out
+
+
+def _reaching_assignments(assignments_by_name: dict[str, list[Assignment]], name: str,
+                          before_line: int) -> list[ast.AST]:
     """Values that may reach a use of `name` on `before_line`: the last assignment in the
     function's top-level body above it, and every nested (branch, loop) assignment after that one.
     An over-approximation, which only makes the data-flow rules quieter."""
-    assignments: list[tuple[int, bool, ast.AST]] = []
-    top_level = {id(statement) for statement in function.body}
-    for node in walk_code(function.body):
-        value = None
-        if isinstance(node, ast.Assign) and any(_binds(t, name) for t in node.targets):
-            value = node.value
-        elif isinstance(node, ast.AnnAssign) and _binds(node.target, name) and node.value is not None:
-            value = node.value
-        elif isinstance(node, ast.AugAssign) and _binds(node.target, name):
-            value = ast.copy_location(ast.BinOp(
-                left=ast.copy_location(ast.Name(id=name), node), op=node.op, right=node.value), node)
-        elif isinstance(node, ast.NamedExpr) and node.target.id == name:
-            value = node.value
-        if value is not None and node.lineno < before_line:
-            assignments.append((node.lineno, id(node) in top_level, value))
+    assignments = [a for a in assignments_by_name.get(name, ()) if a[0] < before_line]
     assignments.sort(key=lambda a: a[0])
     last_top = max((i for i, a in enumerate(assignments) if a[1]), default=0)
     return [a[2] for a in assignments[last_top:]]
@@ -234,10 +265,11 @@ def _parameters(function: FunctionNode) -> set[str]:
         {a.arg for a in (args.vararg, args.kwarg) if a is not None}
 
 
-def _binds(target: ast.AST, name: str) -> bool:
+def _bound_names(target: ast.AST) -> list[str]:
+    """The names an assignment target binds (through tuples and lists)."""
     if isinstance(target, ast.Name):
-        return target.id == name
+        return [target.id]
     if isinstance(target, (ast.Tuple, ast.List)):
-        return any(_binds(element, name) for element in target.elts)
-    return False
+        return [name for element in target.elts for name in _bound_names(element)]
+    return []
 
