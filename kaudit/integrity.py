@@ -16,7 +16,13 @@ import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex, KernelLaunch
 from kaudit.forward import ForwardAnalysis, methods_of, walk_code
-from kaudit.source import CudaUnit, FunctionNode, SourceModel, compact  # noqa: F401 - re-exported for the KA3xx rules
+from kaudit.source import (  # compact: re-exported for the KA3xx rules
+    CudaUnit,
+    FunctionNode,
+    SourceModel,
+    child_nodes,
+    compact,  # noqa: F401
+)
 
 # --- the Python module ---------------------------------------------------------------------------
 
@@ -82,7 +88,7 @@ class ModuleFacts:
             if _is_main_guard(node):
                 stack.extend(reversed(node.orelse))  # type: ignore[attr-defined]
                 continue
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+            stack.extend(reversed(child_nodes(node)))
 
     def _add_targets(self, target: ast.expr, statement: ast.stmt) -> None:
         if isinstance(target, (ast.Tuple, ast.List)):
