@@ -232,12 +232,14 @@ class CudaUnit:
               ) -> list[tree_sitter.Node]:
         """The nodes of the given types under `root` (the whole unit by default), outer before
         inner in source order."""
+        if not all(kind in INDEXED_KINDS for kind in kinds):
+            return list(walk_tree(root or self.tree.root_node, frozenset(kinds)))
         if len(kinds) == 1:
-            return list(self._indexed(kinds[0], root)) if kinds[0] in INDEXED_KINDS \
-                else list(walk_tree(root or self.tree.root_node, frozenset(kinds)))
-        found = [node for nodes in self.nodes_of(kinds, root).values() for node in nodes]
-        found.sort(key=lambda node: (node.start_byte, -node.end_byte))
-        return found
+            return list(self._indexed(kinds[0], root))
+        starts, types, nodes = self._in_order
+        lo, hi = (0, len(nodes)) if root is None else (
+            bisect.bisect_left(starts, root.start_byte), bisect.bisect_left(starts, root.end_byte))
+        return [node for kind, node in zip(types[lo:hi], nodes[lo:hi]) if kind in kinds]
 
     def _indexed(self, kind: str, root: tree_sitter.Node | None) -> list[tree_sitter.Node]:
         starts, nodes = self._node_index.get(kind, ((), []))
@@ -252,6 +254,15 @@ class CudaUnit:
         slices of it."""
         return {kind: ([node.start_byte for node in nodes], nodes)
                 for kind, nodes in find_nodes(self.tree.root_node, INDEXED_KINDS).items()}
+
+    @functools.cached_property
+    def _in_order(self) -> tuple[list[int], list[str], list[tree_sitter.Node]]:
+        """Every indexed node in one list, outer before inner in source order: (starts, types,
+        nodes); lookups of several kinds filter a slice of it instead of sorting."""
+        entries = sorted(((node.start_byte, -node.end_byte, kind, node)
+                          for kind, (_, nodes) in self._node_index.items() for node in nodes),
+                         key=lambda entry: entry[:2])
+        return [e[0] for e in entries], [e[2] for e in entries], [e[3] for e in entries]
 
     def walk_errors(self) -> Iterator[tree_sitter.Node]:
         """The nodes where tree-sitter gave up (ERROR) or invented a token (MISSING), in order."""
