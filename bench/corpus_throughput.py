@@ -175,6 +175,7 @@ def run(folders: list[str], checker: Path, jobs_values: list[int], repeat: int,
     print(f"corpus: {len(files)} files ({size / 1e6:.1f} MB) under {', '.join(folders)}",
           file=sys.stderr, flush=True)
     time_kaudit(folders, files, 1, timeout)  # untimed: writes .pyc files, surfaces a broken CLI
+    load_before = os.getloadavg()[0]
     best: dict[str, Timing] = {}
     for round_ in range(repeat):
         print(f"round {round_ + 1}/{repeat}", file=sys.stderr, flush=True)
@@ -201,14 +202,19 @@ def run(folders: list[str], checker: Path, jobs_values: list[int], repeat: int,
             "over_100ms": sum(t > 0.1 for t in times),
             "slowest": [{"path": str(files[i]), "ms": times[i] * 1000} for i in ordered[:SLOWEST]],
         }
+    machine = {"cpus": os.cpu_count(), "load_average": [load_before, os.getloadavg()[0]]}
     return {"corpus": {"folders": folders, "files": len(files), "bytes": size},
-            "checker": str(checker), "repeat": repeat, "results": rows, "per_file": distributions}
+            "checker": str(checker), "repeat": repeat, "machine": machine, "results": rows,
+            "per_file": distributions}
 
 
 def print_report(result: dict) -> None:
     corpus = result["corpus"]
     print(f"corpus: {corpus['files']} files, {corpus['bytes'] / 1e6:.1f} MB "
           f"({', '.join(corpus['folders'])}); checker: {result['checker']}")
+    machine = result["machine"]
+    print(f"machine: {machine['cpus']} CPUs, 1-minute load average {machine['load_average'][0]:.1f} "
+          f"before the timed rounds, {machine['load_average'][1]:.1f} after")
     print(f"end to end, best of {result['repeat']} alternating rounds:")
     header = (f"{'tool':<22} {'files':>6} {'seconds':>8} {'files/s':>8} {'vs checker':>10} "
               f"{'CPU s':>7} {'checker CPU / CPU':>17}")
