@@ -76,11 +76,18 @@ class ReturnTracer:
         self._assignments: dict[FunctionNode, dict[str, list[Assignment]]] = {}
         self._traced: dict[tuple[int, int, int], list[Producer]] = {}
         self._written: dict[tuple[FunctionNode, str], bool] = {}
+        self._flows: dict[FunctionNode, list[ReturnFlow]] = {}
 
     def flows(self, function: FunctionNode) -> list[ReturnFlow]:
-        return [ReturnFlow(node, tuple(self._producers(node.value, function, 0)))
+        """The flows of a function's returns, traced once; a helper that reaches itself again
+        (recursion) has no flows there, so what it returns is unknown."""
+        if function not in self._flows:
+            self._flows[function] = []
+            self._flows[function] = [
+                ReturnFlow(node, tuple(self._producers(node.value, function, 0)))
                 for node in walk_code(function.body)
                 if isinstance(node, ast.Return) and node.value is not None]
+        return self._flows[function]
 
     def _producers(self, expr: ast.AST, function: FunctionNode, depth: int) -> list[Producer]:
         """What `expr` may come from; traced once per expression and depth (a value used many
