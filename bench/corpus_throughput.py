@@ -123,8 +123,8 @@ def _cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _child(args: list[str], stdin: str, timeout: float, cwd: Path | None = None
-           ) -> tuple[float, float, str]:
+def _child(args: list[str], stdin: str, timeout: float, cwd: Path | None = None,
+           exit_codes: tuple[int, ...] = (0,)) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds of the child and the processes it waited for, stdout)."""
     # Compiled bytecode is kept (an installed kaudit has it), even where the environment says not
     # to write it: otherwise every run would compile kaudit's modules again.
@@ -137,7 +137,7 @@ def _child(args: list[str], stdin: str, timeout: float, cwd: Path | None = None
     except subprocess.TimeoutExpired as exc:
         raise CorpusError(f"`{' '.join(args[:4])} ...` timed out after {timeout:.0f}s") from exc
     seconds = time.perf_counter() - start
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in exit_codes:
         raise CorpusError(f"`{' '.join(args[:4])} ...` exited {proc.returncode}\n{proc.stderr[-2000:]}")
     return seconds, _cpu_of_children() - cpu, proc.stdout
 
@@ -151,7 +151,8 @@ def time_checker(checker: Path, files: list[Path], timeout: float) -> Timing:
 def time_kaudit(folders: list[str], files: list[Path], jobs: int, timeout: float) -> Timing:
     command = [sys.executable, "-m", "kaudit", "scan", *[str(Path(f).resolve()) for f in folders],
                "--format", "json", "--no-cache", "--jobs", str(jobs)]
-    seconds, cpu, out = _child(command, "", timeout, cwd=REPO_ROOT)
+    # 1: findings; 2: an internal error in some file, reported in the JSON (the scan went on)
+    seconds, cpu, out = _child(command, "", timeout, cwd=REPO_ROOT, exit_codes=(0, 1, 2))
     try:
         report = json.loads(out)
     except json.JSONDecodeError as exc:
@@ -159,6 +160,9 @@ def time_kaudit(folders: list[str], files: list[Path], jobs: int, timeout: float
     if report.get("files_scanned") != len(files):
         raise CorpusError(f"kaudit --jobs {jobs} scanned {report.get('files_scanned')} files, "
                           f"expected {len(files)}")
+    if report.get("errors"):
+        print(f"kaudit --jobs {jobs}: {len(report['errors'])} errors, e.g. {report['errors'][0]}",
+              file=sys.stderr, flush=True)
     return Timing(f"kaudit --jobs {jobs}", seconds, cpu, len(files))
 
 
