@@ -677,4 +677,3 @@ def rounding(name: str, arg: Expr, text: str = "") -> Expr:
     if name == "trunc":
         return with_text(arg, text) if text else arg
     return op(name, arg, text=text)
-

@@ -30,8 +30,6 @@ from kaudit.geometry.vocabulary import AXIS_NAMES, Dims, KernelFacts, Preconditi
 from kaudit.rule import Rule
 from kaudit.source import CudaUnit, SourceModel, TritonKernel, TritonLaunch, walk_tree
 
-# =============================================================================================
-
 _CHECK_CALLS = frozenset({"TORCH_CHECK", "AT_ASSERT", "TORCH_INTERNAL_ASSERT", "assert", "AT_CHECK",
                           "CHECK", "TORCH_CHECK_EQ", "AT_ASSERTM", "static_assert", "CHECK_EQ"})
 INDIRECT_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchCooperativeKernel", "cuLaunchKernel",
@@ -155,7 +153,6 @@ class LaunchGeometry:
 
 def _mentions(text: str, name: str) -> bool:
     return bool(name) and re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
-
 
 
 class GeometryAnalysis:
@@ -407,7 +404,6 @@ class GeometryAnalysis:
                 if definition.value is not None:
                     out.append(self.python.code(definition.value))
         return out
-
 
 
 def _identifiers(text: str) -> list[str]:

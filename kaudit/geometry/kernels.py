@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kaudit.cpp import CppFunction
+from kaudit.forward import walk_code
 from kaudit.geometry.algebra import (
     Expr,
     binary,
@@ -48,8 +49,8 @@ from kaudit.geometry.vocabulary import (
     axes_of,
 )
 from kaudit.python_scope import dotted_parts
-from kaudit.forward import walk_code
 from kaudit.source import CudaUnit, SourceModel, TritonKernel, child_nodes, walk_tree
+
 
 def closure_of(deps: Callable[[str], Iterable[str]]) -> Callable[[Iterable[str]], frozenset[str]]:
     """The tokens some tokens depend on, transitively, given what each name is defined from
@@ -80,7 +81,6 @@ def closure_of(deps: Callable[[str], Iterable[str]]) -> Callable[[Iterable[str]]
         return frozenset(out)
 
     return closure
-
 
 
 _EXIT_STATEMENTS = frozenset({"return_statement", "break_statement", "continue_statement"})

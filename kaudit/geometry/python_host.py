@@ -33,7 +33,6 @@ _PY_CMPOPS: dict[type, str] = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE:
                                ast.NotEq: "!="}
 
 
-
 class PythonHost:
     """The module-level Python facts of one file that every Python scope consults."""
 
@@ -567,10 +566,6 @@ def _remainder_test(containers: tuple[ast.AST, ...]) -> ast.expr | None:
     return None
 
 
-# =============================================================================================
-# C++/CUDA expressions (host functions that launch, kernel bodies)
-
-
 # --- a small entry point for tests and examples ---------------------------------------------------
 
 def parse_python_expr(text: str, env: dict[str, str] | None = None) -> Expr:
@@ -587,4 +582,3 @@ def parse_python_expr(text: str, env: dict[str, str] | None = None) -> Expr:
         - {"min", "max", "int", "len", "math", "triton"}
     bound = {n: sym(n, "meta" if n.isupper() else "size", n) for n in names}
     return PyScope(host, None, bound=bound).expr(tree, (len(lines) + 1, 0))
-
