@@ -10,6 +10,10 @@ times a plain in-process regex scan of it as a floor, then times
                                       [--repeat R] [--keep DIR] [--check] [--json]
 
 --check only generates the corpus and validates it (ast.parse, size, markers).
+
+With --corpus DIR (repeatable) it times real kernels instead, next to KernelBench's static
+checker loaded from --kernelbench-checker PATH or --kernelbench KERNELBENCH_DIR, in the same
+run (bench/corpus_throughput.py).
 Standard library only.
 """
 
@@ -1489,7 +1493,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", metavar="DIR", help="generate into DIR (new or empty) and keep it")
     parser.add_argument("--check", action="store_true", help="only generate and validate the corpus, then exit")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--corpus", action="append", metavar="DIR",
+                        help="time real kernels in DIR (repeatable) next to KernelBench's checker")
+    parser.add_argument("--kernelbench-checker", metavar="PATH",
+                        help="with --corpus: KernelBench's kernel_static_checker.py")
+    parser.add_argument("--kernelbench", metavar="DIR",
+                        help="with --corpus: a KernelBench checkout holding the static checker")
     args = parser.parse_args(argv)
+    if args.corpus and not (args.kernelbench_checker or args.kernelbench):
+        parser.error("--corpus needs --kernelbench-checker PATH or --kernelbench DIR")
     if args.files < 1:
         parser.error("--files must be >= 1")
     if args.repeat < 1:
@@ -1510,6 +1522,11 @@ def prepare_root(keep: str | None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.corpus:
+        import corpus_throughput  # bench/ is on sys.path: this script's own folder
+
+        return corpus_throughput.main(args.corpus, args.kernelbench_checker, args.kernelbench,
+                                      args.jobs, args.repeat, args.timeout, args.json)
     try:
         root = prepare_root(args.keep)
     except BenchError as exc:

@@ -22,10 +22,10 @@ from kaudit.baseline import load_baseline, mark_findings
 from kaudit.cache import ResultCache
 from kaudit.config import Config, ConfigError
 from kaudit.discover import WorkItem, by_file, discover
-from kaudit.engine import FileResult, scan_file, scan_text
+from kaudit.engine import FileResult, scan_file, scan_text, scanning
 from kaudit.entry import MODEL_NEW
 from kaudit.findings import Finding, Level, ScanError
-from kaudit.results import BaselineTimings, Submission
+from kaudit.results import BaselineTimings, ResultTrees, Submission
 from kaudit.verdicts import Verdict, judge, summarize
 
 #: below this many files per worker, starting processes costs more than it saves
@@ -196,10 +196,13 @@ def _reason(exc: Exception) -> str:
 
 def _scan(items: list[WorkItem], indices: list[int], config: Config) -> Iterator[FileResult]:
     work = [(items[i], config) for i in indices]
-    jobs = min(config.jobs, max(1, len(work) // _FILES_PER_WORKER))
-    if jobs <= 1:
-        yield from map(_scan_item, work)
+    if not work:
         return
-    # fork: workers inherit the parsed rules and grammars; the static pass runs no kernel code.
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap(_scan_item, work, chunksize=max(1, min(32, len(work) // (jobs * 4))))
+    jobs = min(config.jobs, max(1, len(work) // _FILES_PER_WORKER))
+    with scanning(config):
+        if jobs <= 1:
+            yield from map(_scan_item, work)
+            return
+        # fork: workers inherit the loaded rules and grammars; the static pass runs no kernel code.
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            yield from pool.imap(_scan_item, work, chunksize=max(1, min(32, len(work) // (jobs * 4))))

@@ -320,7 +320,7 @@ def graph(
 
 @app.command("rules")
 def list_rules(
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="text or json")] = OutputFormat.text,  # noqa: E501
+    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="text, json or markdown (the README's table)")] = OutputFormat.text,  # noqa: E501
 ) -> None:
     """List every rule: code, name, level, precision, summary."""
     rows = [{"code": r.code, "name": r.name, "level": r.level.value, "precision": r.precision.value,
@@ -329,8 +329,13 @@ def list_rules(
     if output_format is OutputFormat.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
-    if output_format not in (OutputFormat.text, OutputFormat.json):
-        _usage_error("`kaudit rules --format` is text or json")
+    if output_format is OutputFormat.markdown:
+        from kaudit.report.markdown import rules_table
+
+        sys.stdout.write(rules_table(all_rules()))
+        return
+    if output_format is not OutputFormat.text:
+        _usage_error("`kaudit rules --format` is text, json or markdown")
     console = make_console()
     console.print(_rules_table(rows, console.width))
 

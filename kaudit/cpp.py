@@ -5,12 +5,13 @@ bindings. Rules about C++ code query this index instead of walking trees themsel
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 
 import tree_sitter
 
 from kaudit.findings import Location
-from kaudit.source import CudaUnit, SourceModel
+from kaudit.source import CudaUnit, SourceModel, compact
 
 _QUALIFIERS = ("__global__", "__device__", "__host__")
 
@@ -22,7 +23,7 @@ class CppFunction:
     node: tree_sitter.Node  # the function_definition
     unit: CudaUnit
 
-    @property
+    @functools.cached_property
     def body(self) -> tree_sitter.Node | None:
         return self.node.child_by_field_name("body")
 
@@ -39,7 +40,7 @@ class CppCall:
     function: CppFunction | None  # the definition the call sits in
     args: tuple[tree_sitter.Node, ...]
 
-    @property
+    @functools.cached_property
     def short_name(self) -> str:
         """"at::matmul" -> "matmul", "x.data_ptr<float>" -> "data_ptr"."""
         return self.name.split("<")[0].replace("->", ".").split("::")[-1].split(".")[-1]
@@ -93,7 +94,7 @@ class CppIndex:
             return None
         qualifier = next((q.strip("_") for q in _QUALIFIERS
                           if any(child.type == q for child in node.children)), "host")
-        function = CppFunction(_compact(unit.text_of(name_node)).split("::")[-1], qualifier,
+        function = CppFunction(compact(unit.text_of(name_node)).split("::")[-1], qualifier,
                                node, unit)
         self.functions.append(function)
         return function
@@ -103,7 +104,7 @@ class CppIndex:
         callee = node.child_by_field_name("function")
         arguments = node.child_by_field_name("arguments")
         args = tuple(arguments.named_children) if arguments is not None else ()
-        name = _compact(unit.text_of(callee)) if callee is not None else ""
+        name = compact(unit.text_of(callee)) if callee is not None else ""
         launch = next((c for c in node.children if c.type == "kernel_call_syntax"), None)
         if launch is not None:
             kernel = name.split("<")[0].split("::")[-1]
@@ -116,7 +117,7 @@ class CppIndex:
         # (TORCH_LIBRARY): the schema's name is what Python calls.
         if call.short_name in ("def", "impl") and len(args) >= 2 and args[0].type == "string_literal":
             exported = unit.text_of(args[0]).strip('"').split("(")[0].split("::")[-1].strip()
-            target = _compact(unit.text_of(args[1])).lstrip("&").split("::")[-1]
+            target = compact(unit.text_of(args[1])).lstrip("&").split("::")[-1]
             self.bindings[exported] = target
 
 
@@ -127,6 +128,3 @@ def _declared_name(node: tree_sitter.Node) -> tree_sitter.Node | None:
         declarator = declarator.child_by_field_name("declarator")
     return declarator.child_by_field_name("declarator") if declarator is not None else None
 
-
-def _compact(text: str) -> str:
-    return "".join(text.split())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex
+from kaudit.integrity import find_words
 from kaudit.source import CudaUnit, SourceModel, find_nodes
 from kaudit.torch_ops import TENSOR_COMPUTE_METHODS
 
@@ -462,7 +463,7 @@ def _referenced_identifiers(unit: CudaUnit, defined: set[str]) -> set[str]:
     if not defined:
         return set()
     found: set[str] = set()
-    for node in _walk(unit.tree.root_node, frozenset({"identifier"})):
+    for _, node in find_words(unit, sorted(defined), frozenset({"identifier"})):
         parent = node.parent
         if parent is not None and parent.type == "function_declarator" \
                 and parent.child_by_field_name("declarator") == node:

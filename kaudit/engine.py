@@ -6,9 +6,12 @@ a finding or a `ScanError` for that file; the scan of the other files goes on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from kaudit.config import Config
 from kaudit.entry import MODEL_NEW, EntryPoint
 from kaudit.findings import Finding, ScanError, assign_fingerprints
 from kaudit.rule import Rule, all_rules, rule_by_code
-from kaudit.source import SourceModel, decode_source, read_source, split_lines
+from kaudit.source import SourceModel, decode_source, prepare_grammar, read_source, split_lines
 from kaudit.suppressions import Suppression, apply_suppressions
 
 MARKER = "ModelNew"
@@ -36,6 +39,28 @@ class FileResult:
 def _enabled_rules(config: Config) -> tuple[Rule, ...]:
     return tuple(rule() for rule in all_rules()
                  if rule.audit == "static" and config.is_enabled(rule.code))
+
+
+@contextlib.contextmanager
+def scanning(config: Config) -> Iterator[None]:
+    """The setting of a scan of many files. The enabled rules (and what they import) and the
+    grammar are loaded first, so that worker processes forked inside share them; and the cycle
+    collector leaves those long-lived objects alone and runs less often (each file's analyses are
+    released when its scan ends, see `scan_text`), which saves about a fifth of a scan."""
+    _enabled_rules(config)
+    prepare_grammar()
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG_OBJECTS, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+#: allocations between two collections of the youngest generation during a scan (default 700)
+_GC_YOUNG_OBJECTS = 20_000
 
 
 def check_model(model: SourceModel, config: Config) -> FileResult:
@@ -87,8 +112,16 @@ def scan_text(text: str | bytes, display: str, config: Config,
               entry: EntryPoint = MODEL_NEW) -> FileResult:
     if isinstance(text, bytes):
         decoded, problem = decode_source(text)
-        return check_model(SourceModel(display, decoded, problem, entry, config.policy), config)
-    return check_model(SourceModel(display, text, entry=entry, policy=config.policy), config)
+        return _check_and_release(SourceModel(display, decoded, problem, entry, config.policy),
+                                  config)
+    return _check_and_release(SourceModel(display, text, entry=entry, policy=config.policy), config)
+
+
+def _check_and_release(model: SourceModel, config: Config) -> FileResult:
+    try:
+        return check_model(model, config)
+    finally:
+        model.release()
 
 
 def scan_file(file: str, display: str, explicit: bool, config: Config,
@@ -99,7 +132,7 @@ def scan_file(file: str, display: str, explicit: bool, config: Config,
         text, problem = read_source(Path(file))
         if text is not None and not explicit and entry == MODEL_NEW and MARKER not in text:
             return FileResult(display, skipped=True)
-        return check_model(SourceModel(display, text, problem, entry, config.policy), config)
+        return _check_and_release(SourceModel(display, text, problem, entry, config.policy), config)
     except Exception as exc:  # never a traceback for one bad file
         return FileResult(display, errors=[ScanError(
             display, f"internal error: {exc.__class__.__name__}: {exc}", internal=True)])

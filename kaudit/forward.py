@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kaudit.callees import Callees, Held, Kind, body_nodes, methods_of
 from kaudit.python_scope import dotted_parts
-from kaudit.source import FunctionNode, SourceModel
+from kaudit.source import FunctionNode, SourceModel, child_nodes
 from kaudit.torch_ops import TENSOR_COMPUTE_METHODS, is_torch_compute
 
 __all__ = ["REFERENCE_KINDS", "ForwardAnalysis", "Op", "OpKind", "is_reference_model_name",
@@ -67,14 +67,31 @@ def is_reference_model_name(model: SourceModel, expr: ast.AST) -> bool:
     return ForwardAnalysis.of(model).is_reference(expr)
 
 
-def walk_code(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Every node under `nodes`, not entering nested class bodies (their code runs elsewhere)."""
-    stack = list(reversed(nodes))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, ast.ClassDef):
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+def walk_code(nodes: Sequence[ast.AST], *, into_functions: bool = True) -> Iterator[ast.AST]:
+    """Every node under `nodes` in source order (expression contexts left out), not entering
+    nested class bodies (their code runs elsewhere), nor nested functions and lambdas when
+    `into_functions` is False. The rules walk the same function bodies many times, so the
+    last walks are kept (with `nodes` itself, so that its id cannot be reused meanwhile)."""
+    key = (id(nodes), into_functions)
+    cached = _WALKS.get(key)
+    if cached is None:
+        if len(_WALKS) >= _WALKS_KEPT:
+            _WALKS.clear()
+        stop = ast.ClassDef if into_functions else _NESTED_SCOPES
+        found: list[ast.AST] = []
+        stack = list(reversed(nodes))
+        while stack:
+            node = stack.pop()
+            found.append(node)
+            if not isinstance(node, stop):
+                stack.extend(reversed(child_nodes(node)))
+        cached = _WALKS[key] = (nodes, found)
+    return iter(cached[1])
+
+
+_NESTED_SCOPES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_WALKS: dict[tuple[int, bool], tuple[Sequence[ast.AST], list[ast.AST]]] = {}
+_WALKS_KEPT = 512
 
 
 class ForwardAnalysis:

@@ -89,6 +89,10 @@ class KernelGraph:
                 continue
             if function.name in _BINDING_BLOCKS:
                 continue
+            body_text = function.unit.text_of(function.body)
+            if not any(name in body_text and not self.graph.has_edge(f"cpp:{function.name}", f"cpp:{name}")
+                       for name in kernels):
+                continue  # every kernel it names is one it launches: nothing to add
             for identifier in function.unit.nodes_of(("identifier",), function.body).get("identifier", []):
                 name = function.unit.text_of(identifier)
                 edge = (f"cpp:{function.name}", f"cpp:{name}")

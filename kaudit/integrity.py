@@ -16,7 +16,13 @@ import tree_sitter
 
 from kaudit.cpp import CppCall, CppFunction, CppIndex, KernelLaunch
 from kaudit.forward import ForwardAnalysis, methods_of, walk_code
-from kaudit.source import CudaUnit, FunctionNode, SourceModel
+from kaudit.source import (  # compact: re-exported for the KA3xx rules
+    CudaUnit,
+    FunctionNode,
+    SourceModel,
+    child_nodes,
+    compact,  # noqa: F401
+)
 
 # --- the Python module ---------------------------------------------------------------------------
 
@@ -82,7 +88,7 @@ class ModuleFacts:
             if _is_main_guard(node):
                 stack.extend(reversed(node.orelse))  # type: ignore[attr-defined]
                 continue
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+            stack.extend(reversed(child_nodes(node)))
 
     def _add_targets(self, target: ast.expr, statement: ast.stmt) -> None:
         if isinstance(target, (ast.Tuple, ast.List)):
@@ -286,10 +292,6 @@ def literal_path_is_source(model: SourceModel, expr: ast.AST, depth: int = 0) ->
 
 # --- C++ ------------------------------------------------------------------------------------------
 
-def compact(text: str) -> str:
-    return "".join(text.split())
-
-
 def within(node: tree_sitter.Node, outer: tree_sitter.Node) -> bool:
     return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
@@ -353,9 +355,7 @@ def local_values(unit: CudaUnit, scope: tree_sitter.Node) -> dict[str, list[tree
     if key in cache:
         return cache[key]
     out: dict[str, list[tree_sitter.Node]] = {}
-    stack = [scope]
-    while stack:
-        node = stack.pop()
+    for node in unit.nodes(_DEFINITIONS, scope):
         if node.type == "init_declarator":
             name = node.child_by_field_name("declarator")
             value = node.child_by_field_name("value")
@@ -368,9 +368,11 @@ def local_values(unit: CudaUnit, scope: tree_sitter.Node) -> dict[str, list[tree
             right = node.child_by_field_name("right")
             if left is not None and left.type == "identifier" and right is not None:
                 out.setdefault(unit.text_of(left), []).append(right)
-        stack.extend(node.children)
     cache[key] = out
     return out
+
+
+_DEFINITIONS = ("init_declarator", "assignment_expression")
 
 
 def integer_value(unit: CudaUnit, node: tree_sitter.Node) -> int | None:
@@ -426,6 +428,29 @@ def find_tokens(unit: CudaUnit, pattern: re.Pattern[str],
             yield match.group(0), node
 
 
+def find_words(unit: CudaUnit, words: Iterable[str],
+               types: frozenset[str]) -> Iterator[tuple[str, tree_sitter.Node]]:
+    """Occurrences of the whole words `words` in a unit that tree-sitter reads as one of `types`,
+    found with `str.find` (no pattern to compile for each set of words)."""
+    text = unit.text
+    encoded_prefix_needed = not text.isascii()
+    root = unit.tree.root_node
+    for word in words:
+        start = text.find(word)
+        while start >= 0:
+            end = start + len(word)
+            if not _word_char(text, start - 1) and not _word_char(text, end):
+                byte = len(text[:start].encode("utf-8")) if encoded_prefix_needed else start
+                node = root.descendant_for_byte_range(byte, byte + len(word.encode("utf-8")))
+                if node is not None and node.type in types:
+                    yield word, node
+            start = text.find(word, end)
+
+
+def _word_char(text: str, i: int) -> bool:
+    return 0 <= i < len(text) and (text[i].isalnum() or text[i] == "_")
+
+
 def loop_or_block_rest(node: tree_sitter.Node) -> list[tree_sitter.Node]:
     """The statements after `node` in its enclosing block."""
     parent = node.parent
@@ -437,10 +462,3 @@ def loop_or_block_rest(node: tree_sitter.Node) -> list[tree_sitter.Node]:
             return siblings[i + 1:]
     return []
 
-
-def iter_named(nodes: Iterable[tree_sitter.Node]) -> Iterator[tree_sitter.Node]:
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(node.named_children)

@@ -9,6 +9,7 @@ keeps, for every character of a rebuilt string, the offset in the file it came f
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,20 +109,33 @@ def decode_literal_body(body: str, start: int, raw: bool) -> MappedText:
     offsets: list[int] = []
     i = 0
     while i < len(body):
-        match = _ESCAPE.match(body, i) if body[i] == "\\" else None
+        escape = body.find("\\", i)
+        if escape != i:  # the plain run up to the next backslash, in one piece
+            end = len(body) if escape < 0 else escape
+            chars.append(body[i:end])
+            offsets.extend(range(start + i, start + end))
+            i = end
+            continue
+        match = _ESCAPE.match(body, i)
         if match is None:
             chars.append(body[i])
             offsets.append(start + i)
             i += 1
             continue
-        try:
-            value = ast.literal_eval('"' + match.group(0) + '"')
-        except (SyntaxError, ValueError):
-            value = match.group(0)
+        value = _escape_value(match.group(0))
         chars.append(value)
         offsets.extend([start + i] * len(value))
         i = match.end()
     return MappedText("".join(chars), offsets)
+
+
+@functools.lru_cache(maxsize=256)
+def _escape_value(escape: str) -> str:
+    """What an escape sequence stands for (`\\n` -> newline); the same few recur in every file."""
+    try:
+        return ast.literal_eval('"' + escape + '"')
+    except (SyntaxError, ValueError):
+        return escape
 
 
 def string_literal_text(source: str, start: int, end: int,
@@ -169,9 +183,17 @@ def _skip_between_literals(source: str, i: int, end: int) -> int:
     return i
 
 
+#: the characters that can change `_closing_quote`'s state; everything between them is skipped
+_QUOTE_EVENTS = re.compile(r"""[\\{}'"]""")
+
+
 def _closing_quote(source: str, i: int, end: int, quote: str, fstring: bool) -> int:
     depth = 0
     while i < end:
+        found = _QUOTE_EVENTS.search(source, i, end)
+        if found is None:
+            return -1
+        i = found.start()
         ch = source[i]
         if ch == "\\":
             i += 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import bisect
 import functools
+import itertools
 import os
 import re
 import warnings
@@ -33,9 +34,23 @@ _HEADER_END = re.compile(r":[ \t]*(#.*)?$")
 _EXTENSION_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
 
 
+def child_nodes(node: ast.AST) -> list[ast.AST]:
+    """`list(ast.iter_child_nodes(node))` without the expression contexts (`Load`, `Store`) and
+    without ast's per-field generators."""
+    out: list[ast.AST] = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if value.__class__ is list:
+            out.extend([item for item in value if isinstance(item, ast.AST)])
+        elif isinstance(value, ast.AST) and name != "ctx":
+            out.append(value)
+    return out
+
+
 def walk_all(root: ast.AST) -> list[ast.AST]:
-    """`list(ast.walk(root))` (breadth first), without ast's per-field generators: the one full
-    walk of each module, on the hot path of every scan."""
+    """`list(ast.walk(root))` (breadth first) without the expression contexts (`Load`, `Store`)
+    and without ast's per-field generators: the one full walk of each module, on the hot path of
+    every scan."""
     out = [root]
     i = 0
     while i < len(out):
@@ -44,15 +59,39 @@ def walk_all(root: ast.AST) -> list[ast.AST]:
         for name in node._fields:
             value = getattr(node, name, None)
             if value.__class__ is list:
-                out.extend(item for item in value if isinstance(item, ast.AST))
-            elif isinstance(value, ast.AST):
+                out.extend([item for item in value if isinstance(item, ast.AST)])
+            elif isinstance(value, ast.AST) and name != "ctx":
                 out.append(value)
     return out
 
 
+def walk_tree(root: tree_sitter.Node, types: frozenset[str] | None = None
+              ) -> Iterator[tree_sitter.Node]:
+    """Every node under a tree-sitter `root` (itself included), or those of the given types,
+    depth first in source order. Given types, one query finds them (much faster than walking
+    `children` from Python)."""
+    if types is not None:
+        found = find_nodes(root, tuple(sorted(types)))
+        nodes = [node for kind in found.values() for node in kind]
+        if len(found) > 1:
+            nodes.sort(key=lambda node: (node.start_byte, -node.end_byte))
+        yield from nodes
+        return
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
+def compact(text: str) -> str:
+    """`text` without any whitespace (`x . size ( 0 )` -> `x.size(0)`), for comparing code."""
+    return "".join(text.split())
+
+
 def split_lines(text: str) -> list[str]:
     """Lines as Python counts them (\\r\\n, \\r or \\n; not form feeds)."""
-    return _LINE_BREAK.split(text)
+    return text.split("\n") if "\r" not in text else _LINE_BREAK.split(text)
 
 
 @functools.cache
@@ -70,6 +109,22 @@ def _kinds_query(kinds: tuple[str, ...]) -> tree_sitter.Query:
     return tree_sitter.Query(cuda_language(), " ".join(f"({kind}) @{kind}" for kind in kinds))
 
 
+#: the node types every C++ unit indexes once (CudaUnit.nodes): what the C++ index, the launch
+#: geometry and the rules ask for most
+INDEXED_KINDS = ("assignment_expression", "binary_expression", "call_expression", "declaration",
+                 "do_statement", "field_expression", "for_statement", "function_definition",
+                 "if_statement", "init_declarator", "pointer_expression", "preproc_def",
+                 "preproc_function_def", "subscript_expression", "update_expression",
+                 "while_statement")
+
+
+def prepare_grammar() -> None:
+    """Builds the C++ parser and the shared query now (worker processes forked afterwards
+    inherit them instead of each building its own)."""
+    cuda_parser()
+    _kinds_query(INDEXED_KINDS)
+
+
 def find_nodes(root: tree_sitter.Node, kinds: tuple[str, ...]) -> dict[str, list[tree_sitter.Node]]:
     """Nodes of the given types under `root`, in source order (outer before inner), by type. A
     tree-sitter query: much faster than walking `children` from Python."""
@@ -85,7 +140,11 @@ class LineIndex:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        if "\r" in text:
+            self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        else:
+            self.starts = list(itertools.accumulate((len(line) + 1 for line in text.split("\n")[:-1]),
+                                                    initial=0))
         self.ascii = text.isascii()
 
     def position(self, offset: int) -> tuple[int, int]:
@@ -153,22 +212,58 @@ class CudaUnit:
         return Location(self.path, line, column, end_line, end_column + 1)
 
     def text_of(self, node: tree_sitter.Node) -> str:
+        table = self._char_of_byte
+        if table is None:  # ASCII: bytes are characters
+            return self.text[node.start_byte:node.end_byte]
         return self.text[self._char(node.start_byte) : self._char(node.end_byte)]
 
     def walk(self, types: frozenset[str] | None = None,
              root: tree_sitter.Node | None = None) -> Iterator[tree_sitter.Node]:
         """Every node of the unit, or under `root`, (or those of the given types), depth first."""
-        stack = [root or self.tree.root_node]
-        while stack:
-            node = stack.pop()
-            if types is None or node.type in types:
-                yield node
-            stack.extend(reversed(node.children))
+        return walk_tree(root or self.tree.root_node, types)
 
     def nodes_of(self, kinds: tuple[str, ...], root: tree_sitter.Node | None = None
                  ) -> dict[str, list[tree_sitter.Node]]:
         """`find_nodes` under `root`, by default the whole unit."""
-        return find_nodes(root or self.tree.root_node, kinds)
+        if not all(kind in INDEXED_KINDS for kind in kinds):
+            return find_nodes(root or self.tree.root_node, kinds)
+        return {kind: found for kind in kinds if (found := self._indexed(kind, root))}
+
+    def nodes(self, kinds: tuple[str, ...], root: tree_sitter.Node | None = None
+              ) -> list[tree_sitter.Node]:
+        """The nodes of the given types under `root` (the whole unit by default), outer before
+        inner in source order."""
+        if not all(kind in INDEXED_KINDS for kind in kinds):
+            return list(walk_tree(root or self.tree.root_node, frozenset(kinds)))
+        if len(kinds) == 1:
+            return list(self._indexed(kinds[0], root))
+        starts, types, nodes = self._in_order
+        lo, hi = (0, len(nodes)) if root is None else (
+            bisect.bisect_left(starts, root.start_byte), bisect.bisect_left(starts, root.end_byte))
+        return [node for kind, node in zip(types[lo:hi], nodes[lo:hi]) if kind in kinds]
+
+    def _indexed(self, kind: str, root: tree_sitter.Node | None) -> list[tree_sitter.Node]:
+        starts, nodes = self._node_index.get(kind, ((), []))
+        if root is None:
+            return nodes
+        return nodes[bisect.bisect_left(starts, root.start_byte):
+                     bisect.bisect_left(starts, root.end_byte)]
+
+    @functools.cached_property
+    def _node_index(self) -> dict[str, tuple[list[int], list[tree_sitter.Node]]]:
+        """One query finds every node of the kinds the analyses look for; later lookups are
+        slices of it."""
+        return {kind: ([node.start_byte for node in nodes], nodes)
+                for kind, nodes in find_nodes(self.tree.root_node, INDEXED_KINDS).items()}
+
+    @functools.cached_property
+    def _in_order(self) -> tuple[list[int], list[str], list[tree_sitter.Node]]:
+        """Every indexed node in one list, outer before inner in source order: (starts, types,
+        nodes); lookups of several kinds filter a slice of it instead of sorting."""
+        entries = sorted(((node.start_byte, -node.end_byte, kind, node)
+                          for kind, (_, nodes) in self._node_index.items() for node in nodes),
+                         key=lambda entry: entry[:2])
+        return [e[0] for e in entries], [e[2] for e in entries], [e[3] for e in entries]
 
     def walk_errors(self) -> Iterator[tree_sitter.Node]:
         """The nodes where tree-sitter gave up (ERROR) or invented a token (MISSING), in order."""
@@ -318,6 +413,11 @@ class SourceModel:
             parts = dotted_parts(node.value.func)
             if parts and parts[-1] in _LOADER_NAMES:
                 load_calls.append((node.value, names))
+
+    def release(self) -> None:
+        """Drops the analyses built on this model: they refer back to it, so without this only
+        the cycle collector would free them."""
+        self._memo.clear()
 
     def memo(self, key: str, build: Callable[[], T]) -> T:
         """An analysis shared by the rules (forward paths, the kernel graph, ...), built once per

@@ -1,6 +1,7 @@
 import ast
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 
+from kaudit.branches import exclusive_alternatives
 from kaudit.findings import Finding, Level, Precision
 from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind, walk_code
 from kaudit.rule import Rule
@@ -55,7 +56,7 @@ class FallbackBranch(Rule):
                             model, model.header_location(node),
                             f"this `except` falls back to {ops[0].description} "
                             f"(line {model.line_of(ops[0].node)}) when the custom path raises")
-            for node, first, second in _alternatives(function.body):
+            for node, first, second in exclusive_alternatives(function.body):
                 if _loop_position(node, function):
                     continue  # the last layer of a loop, by design: not a fallback
                 kinds = (analysis.kinds_reached(first, owner), analysis.kinds_reached(second, owner))
@@ -71,31 +72,6 @@ class FallbackBranch(Rule):
                             f"when this condition {which}, the reference runs instead of the "
                             f"custom kernel: {ops[0].description} (line {model.line_of(ops[0].node)})")
                         break
-
-
-def _alternatives(body: Sequence[ast.stmt]
-                  ) -> Iterator[tuple[ast.AST, Sequence[ast.AST], Sequence[ast.AST]]]:
-    """Each conditional with its two alternatives: `if` body vs `else`/`elif` (or, after an early
-    return, the statements that follow), and the two arms of `a if c else b`."""
-    blocks: list[Sequence[ast.stmt]] = [body]
-    while blocks:
-        block = blocks.pop()
-        for i, statement in enumerate(block):
-            if isinstance(statement, ast.If):
-                if statement.orelse:
-                    yield statement, statement.body, statement.orelse
-                elif _leaves(statement.body):
-                    yield statement, statement.body, block[i + 1:]
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                inner = getattr(statement, field, None)
-                if isinstance(inner, list) and inner and not isinstance(statement, ast.ClassDef):
-                    if field == "handlers":
-                        blocks.extend(handler.body for handler in inner)
-                    else:
-                        blocks.append(inner)
-    for node in walk_code(body):
-        if isinstance(node, ast.IfExp):
-            yield node, [node.body], [node.orelse]
 
 
 def _loop_position(node: ast.AST, function: ast.AST) -> bool:
@@ -124,8 +100,3 @@ def _loop_position(node: ast.AST, function: ast.AST) -> bool:
     probes = [n for n in ast.walk(test) if isinstance(n, ast.Attribute)
               and not (isinstance(n.value, ast.Name) and n.value.id == "self")]
     return bool(used) and used <= derived and not probes  # `chunk.is_cuda` is a device test
-
-
-def _leaves(body: Sequence[ast.stmt]) -> bool:
-    """True when a block always leaves the function (its last statement returns or raises)."""
-    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import tree_sitter
@@ -11,20 +11,20 @@ from kaudit.cpp import CppIndex, KernelLaunch
 from kaudit.findings import Finding, Level, Precision
 from kaudit.fix.edits import Edit, Fix, NoFix
 from kaudit.geometry import (
-    GeometryAnalysis,
+    LaunchGeometry,
+    LaunchRule,
     axis_index_name,
     grid_dim_name,
     remainder_text,
     show_value,
 )
-from kaudit.rule import Rule
 from kaudit.source import SourceModel, TritonLaunch
 
 if TYPE_CHECKING:
     from kaudit.fix.editor import Editor
 
 
-class FloorDividedGrid(Rule):
+class FloorDividedGrid(LaunchRule):
     """A launch grid computed by rounding the size down, so the last partial block never runs.
 
     ## What it does
@@ -39,8 +39,12 @@ class FloorDividedGrid(Rule):
     Not reported: any rounding term (`(n + B - 1) / B`, `cdiv`, `triton.cdiv`, `-(-n // B)`,
     `(n - 1) / B + 1`, `ceil`, `n / B + (n % B != 0)`, `if (n % B) blocks++`), a grid-stride or
     persistent loop in the kernel, a precondition `TORCH_CHECK(n % B == 0)`, `assert n % B == 0`
-    or `if n % B: raise`, a numerator that is provably a multiple of the divisor, and a second
-    launch in the same host function that handles the tail. When the divisor cannot be tied to
+    or `if n % B: raise`, a numerator that is provably a multiple of the divisor (`blocks * 256`
+    of 256, `x.numel() / x.size(-1)`: a tensor's element count is a multiple of each of its
+    sizes), a divisor that is itself a dimension of the data (`x.numel() / d` with
+    `d = gamma.numel()`, `n // (C * H * W)`: the grid counts rows, exact for any input of a
+    consistent shape; `x.numel() / (4 * d)` is a block of four rows and is reported), and a
+    second launch in the same host function that handles the tail. When the divisor cannot be tied to
     the kernel's coverage the launch is left to KA207.
 
     ## Why is this bad?
@@ -83,28 +87,27 @@ class FloorDividedGrid(Rule):
     precision = Precision.HIGH
     tags = ("launch-geometry", "correctness")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        for launch in GeometryAnalysis.of(model).launches:
-            for axis in range(max(launch.grid.explicit, 1)):
-                dim = launch.dim(axis)
-                if dim.kind != "floor" or dim.division is None or launch.covered_by_loop(axis):
-                    continue
-                division = dim.division
-                coverage = launch.coverage_matches(axis, division.den)
-                if coverage is None or launch.has_precondition(division.den) \
-                        or launch.tail_launch() is not None:
-                    continue
-                named = f" (`{launch.grid.name}`)" if launch.grid.name else ""
-                unit = "program" if launch.python else "block"
-                yield self.report(
-                    model, launch.location,
-                    f"{grid_dim_name(launch, axis)} = {division.describe(launch.python)}{named} "
-                    f"drops {remainder_text(division)} elements: kernel `{launch.kernel_name}` "
-                    f"covers {show_value(coverage)} elements per {unit} along "
-                    f"{axis_index_name(launch, axis)}, and there is no rounding term, no "
-                    f"grid-stride loop, no `{remainder_text(division)} == 0` check and no tail launch",
-                    axis=axis, division=division.describe(launch.python))
-                break
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        for axis in range(max(launch.grid.explicit, 1)):
+            dim = launch.dim(axis)
+            if dim.kind != "floor" or dim.division is None or launch.covered_by_loop(axis):
+                continue
+            division = dim.division
+            coverage = launch.coverage_matches(axis, division.den)
+            if coverage is None or launch.has_precondition(division.den) \
+                    or launch.tail_launch() is not None:
+                continue
+            named = f" (`{launch.grid.name}`)" if launch.grid.name else ""
+            unit = "program" if launch.python else "block"
+            yield self.report(
+                model, launch.location,
+                f"{grid_dim_name(launch, axis)} = {division.describe(launch.python)}{named} "
+                f"drops {remainder_text(division)} elements: kernel `{launch.kernel_name}` "
+                f"covers {show_value(coverage)} elements per {unit} along "
+                f"{axis_index_name(launch, axis)}, and there is no rounding term, no "
+                f"grid-stride loop, no `{remainder_text(division)} == 0` check and no tail launch",
+                axis=axis, division=division.describe(launch.python))
+            return
 
     def fix(self, editor: Editor, finding: Finding) -> Fix | None:
         model = editor.model

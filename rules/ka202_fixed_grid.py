@@ -1,12 +1,11 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.geometry import GeometryAnalysis, axis_index_name, grid_dim_name
-from kaudit.rule import Rule
+from kaudit.geometry import LaunchGeometry, LaunchRule, axis_index_name, grid_dim_name
 from kaudit.source import SourceModel
 
 
-class FixedGrid(Rule):
+class FixedGrid(LaunchRule):
     """A launch grid fixed to a constant while the kernel indexes elements by block and never loops.
 
     ## What it does
@@ -53,22 +52,21 @@ class FixedGrid(Rule):
     precision = Precision.MEDIUM
     tags = ("launch-geometry", "correctness")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        for launch in GeometryAnalysis.of(model).launches:
-            if launch.handles_tail():
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        if launch.handles_tail():
+            return
+        for axis in sorted(launch.element_axes()):
+            if axis >= launch.grid.explicit or launch.covered_by_loop(axis):
                 continue
-            for axis in sorted(launch.element_axes()):
-                if axis >= launch.grid.explicit or launch.covered_by_loop(axis):
-                    continue
-                dim = launch.dim(axis)
-                if dim.kind != "const" or dim.value is None:
-                    continue
-                written = launch.grid.name or launch.grid.get(axis).show()
-                named = f" (`{written}`)" if written != str(dim.value) else ""
-                yield self.report(
-                    model, launch.location,
-                    f"{grid_dim_name(launch, axis)} = {dim.value}{named} is fixed: kernel "
-                    f"`{launch.kernel_name}` indexes its output with {axis_index_name(launch, axis)} "
-                    f"but the grid does not grow with the input size and no loop in the kernel "
-                    f"covers the rest", axis=axis, blocks=dim.value)
-                break
+            dim = launch.dim(axis)
+            if dim.kind != "const" or dim.value is None:
+                continue
+            written = launch.grid.name or launch.grid.get(axis).show()
+            named = f" (`{written}`)" if written != str(dim.value) else ""
+            yield self.report(
+                model, launch.location,
+                f"{grid_dim_name(launch, axis)} = {dim.value}{named} is fixed: kernel "
+                f"`{launch.kernel_name}` indexes its output with {axis_index_name(launch, axis)} "
+                f"but the grid does not grow with the input size and no loop in the kernel "
+                f"covers the rest", axis=axis, blocks=dim.value)
+            return

@@ -1,14 +1,13 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.geometry import GeometryAnalysis, axis_index_name
-from kaudit.rule import Rule
+from kaudit.geometry import LaunchGeometry, LaunchRule, axis_index_name
 from kaudit.source import SourceModel
 
 _AXES = "xyz"
 
 
-class DimensionMismatch(Rule):
+class DimensionMismatch(LaunchRule):
     """The kernel indexes with `blockIdx.y` or `tl.program_id(1)` but the launch leaves that axis at 1.
 
     ## What it does
@@ -55,29 +54,27 @@ class DimensionMismatch(Rule):
     precision = Precision.HIGH
     tags = ("launch-geometry", "correctness")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        for launch in GeometryAnalysis.of(model).launches:
-            kernel = launch.kernel
-            if kernel is None:
-                continue
-            message = None
-            for axis in sorted(a for a in kernel.block_axes if a >= 1):
-                if launch.grid.implicit(axis) and not launch.covered_by_loop(axis):
-                    count = launch.grid.explicit
-                    shape = f"has {count} dimension{'s' if count != 1 else ''}" if launch.python \
-                        else f"is {count}-D"
-                    index = axis_index_name(launch, axis)
-                    message = (f"kernel `{kernel.name}` indexes its output with {index} but the grid "
-                               f"{launch.grid.shown()} {shape}: {index} is always 0, so only the "
-                               f"first slice along that axis is computed")
-                    break
-            block = launch.block
-            if message is None and block is not None and not block.unknown_reason:
-                for axis in sorted(a for a in kernel.thread_axes if a >= 1):
-                    if block.implicit(axis):
-                        message = (f"kernel `{kernel.name}` indexes its output with "
-                                   f"threadIdx.{_AXES[axis]} but the block {block.shown()} is "
-                                   f"{block.explicit}-D: threadIdx.{_AXES[axis]} is always 0")
-                        break
-            if message is not None:
-                yield self.report(model, launch.location, message)
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        kernel = launch.kernel
+        assert kernel is not None
+        for axis in sorted(a for a in kernel.block_axes if a >= 1):
+            if launch.grid.implicit(axis) and not launch.covered_by_loop(axis):
+                count = launch.grid.explicit
+                shape = f"has {count} dimension{'s' if count != 1 else ''}" if launch.python \
+                    else f"is {count}-D"
+                index = axis_index_name(launch, axis)
+                yield self.report(model, launch.location,
+                                  f"kernel `{kernel.name}` indexes its output with {index} but the "
+                                  f"grid {launch.grid.shown()} {shape}: {index} is always 0, so "
+                                  f"only the first slice along that axis is computed")
+                return
+        block = launch.block
+        if block is None or block.unknown_reason:
+            return
+        for axis in sorted(a for a in kernel.thread_axes if a >= 1):
+            if block.implicit(axis):
+                yield self.report(model, launch.location,
+                                  f"kernel `{kernel.name}` indexes its output with "
+                                  f"threadIdx.{_AXES[axis]} but the block {block.shown()} is "
+                                  f"{block.explicit}-D: threadIdx.{_AXES[axis]} is always 0")
+                return

@@ -1,9 +1,9 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from kaudit.findings import Finding, Level, Precision
 from kaudit.geometry import (
-    GeometryAnalysis,
     LaunchGeometry,
+    LaunchRule,
     Store,
     evaluate,
     grid_dim_name,
@@ -12,11 +12,10 @@ from kaudit.geometry import (
     store_axes,
     substitute,
 )
-from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
 
-class UnguardedStore(Rule):
+class UnguardedStore(LaunchRule):
     """A global store without a bounds check or mask, in a kernel whose grid provably rounds up.
 
     ## What it does
@@ -67,18 +66,15 @@ class UnguardedStore(Rule):
     precision = Precision.HIGH
     tags = ("launch-geometry", "memory-safety")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        for launch in GeometryAnalysis.of(model).launches:
-            kernel = launch.kernel
-            if kernel is None:
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        assert launch.kernel is not None
+        for store in launch.kernel.stores:
+            if store.guarded:
                 continue
-            for store in kernel.stores:
-                if store.guarded:
-                    continue
-                message = self._rounded_grid(launch, store) or self._power_of_two_block(launch, store)
-                if message is not None:
-                    yield self.report(model, launch.location, message)
-                    break
+            message = self._rounded_grid(launch, store) or self._power_of_two_block(launch, store)
+            if message is not None:
+                yield self.report(model, launch.location, message)
+                return
 
     @staticmethod
     def _rounded_grid(launch: LaunchGeometry, store: Store) -> str | None:

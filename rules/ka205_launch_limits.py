@@ -1,9 +1,7 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
-from kaudit.cpp import CppIndex
 from kaudit.findings import Finding, Level, Precision
-from kaudit.geometry import GeometryAnalysis, LaunchGeometry, evaluate
-from kaudit.rule import Rule
+from kaudit.geometry import LaunchGeometry, LaunchRule, evaluate
 from kaudit.source import SourceModel
 
 MAX_THREADS = 1024
@@ -15,7 +13,7 @@ MAX_WARPS = 32
 _AXES = "xyz"
 
 
-class LaunchLimits(Rule):
+class LaunchLimits(LaunchRule):
     """A launch configuration over the hardware's limits, so the launch fails.
 
     ## What it does
@@ -71,21 +69,16 @@ class LaunchLimits(Rule):
     precision = Precision.VERY_HIGH
     tags = ("launch-geometry", "silent-failure")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        geometry = GeometryAnalysis.of(model)
-        opted_in = None
-        for launch in geometry.launches:
-            if launch.python:
-                message = _warps(launch)
-            else:
-                if opted_in is None:
-                    opted_in = any(
-                        call.short_name == "cudaFuncSetAttribute" and any(
-                            "MaxDynamicSharedMemorySize" in call.unit.text_of(a) for a in call.args)
-                        for call in CppIndex.of(model).calls)
-                message = _block(launch) or _grid(launch) or _shared(launch, opted_in)
-            if message is not None:
-                yield self.report(model, launch.location, message)
+    needs_kernel = False  # a launch fails on its configuration alone
+
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        if launch.python:
+            message = _warps(launch)
+        else:
+            message = _block(launch) or _grid(launch) \
+                or _shared(launch, launch.geo.dynamic_shared_opt_in())
+        if message is not None:
+            yield self.report(model, launch.location, message)
 
 
 def _block(launch: LaunchGeometry) -> str | None:

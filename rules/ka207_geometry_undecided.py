@@ -1,17 +1,17 @@
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from kaudit.findings import Finding, Level, Precision
 from kaudit.geometry import (
     GeometryAnalysis,
     LaunchGeometry,
+    LaunchRule,
     axis_index_name,
     grid_dim_name,
 )
-from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
 
-class GeometryUndecided(Rule):
+class GeometryUndecided(LaunchRule):
     """kaudit could not decide whether a launch's grid covers the kernel's output.
 
     ## What it does
@@ -57,17 +57,21 @@ class GeometryUndecided(Rule):
     precision = Precision.LOW
     tags = ("launch-geometry", "dynamic-pass")
 
-    def check(self, model: SourceModel) -> Iterable[Finding]:
-        geometry = GeometryAnalysis.of(model)
-        for launch in geometry.launches:
-            reason = _undecided(launch)
-            if reason is not None:
-                yield self.report(model, launch.location,
-                                  f"launch of `{launch.kernel_name}`: {reason}; the dynamic pass "
-                                  "must decide whether the output is covered")
-        for location, text in geometry.indirect:
+    needs_kernel = False  # a kernel missing from the sources is undecided too
+
+    def check(self, model: SourceModel) -> Iterator[Finding]:
+        yield from super().check(model)
+        for location, text in GeometryAnalysis.of(model).indirect:
             yield self.report(model, location, f"`{text}` launches a kernel indirectly; its grid "
                                                "is not checked statically")
+
+
+    def check_launch(self, model: SourceModel, launch: LaunchGeometry) -> Iterator[Finding]:
+        reason = _undecided(launch)
+        if reason is not None:
+            yield self.report(model, launch.location,
+                              f"launch of `{launch.kernel_name}`: {reason}; the dynamic pass "
+                              "must decide whether the output is covered")
 
 
 def _undecided(launch: LaunchGeometry) -> str | None:

@@ -3,7 +3,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kaudit.findings import Finding, Level, Precision
-from kaudit.forward import ForwardAnalysis, Op, OpKind
+from kaudit.forward import ForwardAnalysis, Op, OpKind, walk_code
 from kaudit.integrity import (
     ModuleFacts,
     assignments_in,
@@ -31,7 +31,6 @@ PASS_THROUGH = frozenset({
 })
 READ_METHODS = frozenset({"get", "setdefault", "pop", "__getitem__"})
 STORE_METHODS = frozenset({"setdefault", "update", "__setitem__"})
-_NO_DESCENT = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 @dataclass
@@ -310,12 +309,7 @@ class OutputCaching(Rule):
 
 def _walk(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
     """Nodes of a function body, not entering nested functions, lambdas or classes."""
-    stack = list(reversed(nodes))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, _NO_DESCENT):
-            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+    return walk_code(nodes, into_functions=False)
 
 
 def _returns(function: FunctionNode) -> Iterator[ast.Return]:

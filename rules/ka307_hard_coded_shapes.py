@@ -4,25 +4,25 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import tree_sitter
 
+from kaudit.branches import alternatives
 from kaudit.cpp import CppFunction, CppIndex
 from kaudit.findings import Finding, Level, Precision
 from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind, walk_code
 from kaudit.integrity import (
     assignments_in,
     calls_in,
-    compact,
     first_line,
     has_tensor_parameter,
     integer_value,
     is_int_literal,
-    iter_named,
     launches_in,
     local_values,
     loop_or_block_rest,
+    parameters_of,
     within,
 )
 from kaudit.rule import Rule
-from kaudit.source import FunctionNode, SourceModel
+from kaudit.source import FunctionNode, SourceModel, compact, walk_tree
 
 #: a shape compared with a literal at least this large looks like a benchmark size, not a rank
 SHAPE_LITERAL_MIN = 64
@@ -50,10 +50,11 @@ class HardCodedShapes(Rule):
     In C++ host code, reports the same comparisons in an `if` (not in `TORCH_CHECK`) where one
     side launches a kernel and the other does not or throws, and, in a host function that takes
     tensors, launches given an integer literal of at least 4096 as a kernel argument, directly
-    or through a local (`long n = 16777216;` then `k<<<g, b>>>(x, y, n)`). Grids fixed to a
-    literal (`k<<<65536, 256>>>`) are KA202's finding, not repeated here. Block sizes, shared
-    memory sizes, rank checks (`x.dim() == 3`), alignment checks (`x.size(1) % 4 == 0`),
-    `TORCH_CHECK`s and size limits (`<=`, `>`) are not reported.
+    or through a local (`long n = 16777216;` then `k<<<g, b>>>(x, y, n)`), when the kernel uses
+    that parameter as a size (in a comparison or an index; a seed handed to `curand_init` is
+    not a size). Grids fixed to a literal (`k<<<65536, 256>>>`) are KA202's finding, not
+    repeated here. Block sizes, shared memory sizes, rank checks (`x.dim() == 3`), alignment
+    checks (`x.size(1) % 4 == 0`), `TORCH_CHECK`s and size limits (`<=`, `>`) are not reported.
 
     ## Why is this bad?
     The kernel is only correct, or only fast, for the benchmark's shapes: other shapes are
@@ -98,7 +99,7 @@ class HardCodedShapes(Rule):
                 continue
             shape_names = _shape_names(function)
             candidates = []
-            for node, first, second, exclusive in _alternatives(function.body):
+            for node, first, second, exclusive in alternatives(function.body):
                 if id(node) in tests:
                     compare = _shape_literal_compare(node.test, shape_names)  # type: ignore[attr-defined]
                     if compare is not None:
@@ -158,9 +159,7 @@ class HardCodedShapes(Rule):
         assert body is not None
         values = local_values(unit, body)
         candidates = []
-        for node in iter_named([body]):
-            if node.type != "if_statement":
-                continue
+        for node in unit.nodes(_IF_STATEMENT, body):
             condition = node.child_by_field_name("condition")
             compare = _cpp_shape_compare(unit, condition, values) if condition else None
             if compare is None:
@@ -208,15 +207,22 @@ class HardCodedShapes(Rule):
         assert function.body is not None
         values = local_values(unit, function.body)
         for launch in launches_in(index, function):
-            for argument in launch.args:
+            for position, argument in enumerate(launch.args):
                 size = _literal_size(unit, argument, values, grids=False)
-                if size is not None and size[0] >= LAUNCH_LITERAL_MIN:
-                    yield self.report(
-                        model, unit.location(launch.node),
-                        f"`{function.name}` passes `{launch.kernel}` the literal size "
-                        f"{size[1]} although it takes tensors whose sizes it could read: the "
-                        "kernel's extent fits the benchmark's shape only")
-                    break
+                if size is None or size[0] < LAUNCH_LITERAL_MIN:
+                    continue
+                kernel = next((f for f in index.functions if f.name == launch.kernel
+                               and f.qualifier == "global" and f.body is not None), None)
+                names = [name for name, _ in parameters_of(kernel)] if kernel is not None else []
+                if kernel is not None and position < len(names) \
+                        and names[position] not in _sized_parameters(kernel):
+                    continue  # a seed, a scale, a flag: the kernel never uses it as a size
+                yield self.report(
+                    model, unit.location(launch.node),
+                    f"`{function.name}` passes `{launch.kernel}` the literal size "
+                    f"{size[1]} although it takes tensors whose sizes it could read: the "
+                    "kernel's extent fits the benchmark's shape only")
+                break
 
 
 # --- Python helpers ------------------------------------------------------------------------------
@@ -305,42 +311,47 @@ def _shape_literal_compare(test: ast.AST, shape_names: set[str]) -> ast.Compare 
     return None
 
 
-def _alternatives(body: Sequence[ast.stmt]
-                  ) -> Iterator[tuple[ast.AST, Sequence[ast.AST], Sequence[ast.AST], bool]]:
-    """Each `if` with its two alternatives (the `else`, or after an early return or raise the
-    statements that follow), each `assert`, and the arms of `a if c else b`. The flag is False
-    for an `if` without `else` whose body falls through: both paths then run what follows."""
-    blocks: list[Sequence[ast.stmt]] = [body]
-    while blocks:
-        block = blocks.pop()
-        for i, statement in enumerate(block):
-            if isinstance(statement, ast.If):
-                if statement.orelse:
-                    yield statement, statement.body, statement.orelse, True
-                elif statement.body and isinstance(statement.body[-1], (ast.Return, ast.Raise)):
-                    yield statement, statement.body, block[i + 1:], True
-                else:  # the body is an extra step; only a kernel skipped elsewhere matters
-                    yield statement, statement.body, block[i + 1:], False
-            elif isinstance(statement, ast.Assert):
-                yield statement, [], [], True
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(statement, field, None)
-                if isinstance(inner, list) and inner:
-                    blocks.append(inner)
-            for handler in getattr(statement, "handlers", []) or []:
-                blocks.append(handler.body)
-    for node in walk_code(body):
-        if isinstance(node, ast.IfExp):
-            yield node, [node.body], [node.orelse], True
-
-
 def _raises(block: Sequence[ast.AST]) -> bool:
     return any(isinstance(statement, ast.Raise) for statement in block)
 
 
 # --- C++ helpers ---------------------------------------------------------------------------------
+
+_RELATIONAL = frozenset({"<", "<=", ">", ">="})
+
+
+def _sized_parameters(kernel: CppFunction) -> set[str]:
+    """The kernel's parameters it uses as sizes: in a comparison (`i < n`, a loop bound) or a
+    memory index, directly or through locals computed from them. A seed handed to
+    `curand_init`, a scale or a flag is not a size."""
+    unit, body = kernel.unit, kernel.body
+    assert body is not None
+    used: set[str] = set()
+    for node in unit.nodes(_SIZE_USES, body):
+        if node.type == "subscript_expression":
+            indices = node.child_by_field_name("indices")
+            used |= _identifiers_in(unit, indices) if indices is not None else set()
+        else:
+            operator = node.child_by_field_name("operator")
+            if operator is not None and operator.type in _RELATIONAL:
+                used |= _identifiers_in(unit, node)
+    values = local_values(unit, body)
+    for _ in range(3):  # `int total = rows * cols; if (i < total)`: rows and cols are sizes
+        used |= {name for local in list(used) for value in values.get(local, ())
+                 for name in _identifiers_in(unit, value)}
+    return used & {name for name, _ in parameters_of(kernel)}
+
+
+_SIZE_USES = ("subscript_expression", "binary_expression")
+_IF_STATEMENT = ("if_statement",)
+
+
+def _identifiers_in(unit, node: tree_sitter.Node) -> set[str]:
+    return {unit.text_of(n) for n in walk_tree(node, _IDENTIFIER)}
+
+
+_IDENTIFIER = frozenset({"identifier"})
+
 
 def _cpp_is_size(unit, node: tree_sitter.Node, values: dict[str, list[tree_sitter.Node]],
                  depth: int = 0) -> bool:
@@ -357,7 +368,7 @@ def _cpp_is_size(unit, node: tree_sitter.Node, values: dict[str, list[tree_sitte
 
 def _cpp_shape_compare(unit, condition: tree_sitter.Node,
                        values: dict[str, list[tree_sitter.Node]]) -> tree_sitter.Node | None:
-    for node in iter_named([condition]):
+    for node in walk_tree(condition):
         if node.type != "binary_expression":
             continue
         operator = node.child_by_field_name("operator")
@@ -394,7 +405,7 @@ def _cpp_launches(index: CppIndex, function: CppFunction, blocks: list[tree_sitt
 
 def _cpp_throws(unit, blocks: list[tree_sitter.Node]) -> bool:
     for block in blocks:
-        for node in iter_named([block]):
+        for node in walk_tree(block):
             if node.type == "throw_statement":
                 return True
             if node.type == "call_expression" and \

@@ -60,6 +60,9 @@ _MATMUL_OPS = re.compile(
     r"scaled_dot_product_attention|chain_matmul|multi_dot|gemm|bgemm)\b|`@`|library model|"
     r"reference `Model`")
 _CUDA_NODE_TYPES = frozenset({"identifier", "type_identifier", "gnu_asm_expression"})
+#: every token `_low_token` reports contains one of these: code without any is not walked
+_LOW_HINT = re.compile(r"half|bfloat16|fp8|tf32|__h(?:add|sub|mul|div|fma|neg|max|min|abs)|Half|BFloat16|"
+                       r"Float8|asm")
 
 
 class PrecisionDowngrade(Rule):
@@ -384,6 +387,8 @@ def _first_low_use_in(kernel: CppFunction, device: dict[str, CppFunction],
 
 def _first_low_token(unit: CudaUnit, root: tree_sitter.Node
                      ) -> tuple[tree_sitter.Node, str] | None:
+    if not _LOW_HINT.search(unit.text_of(root)):
+        return None
     stack = [root]
     while stack:
         node = stack.pop()

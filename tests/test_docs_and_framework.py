@@ -4,6 +4,7 @@ own Example must trigger it (Fixit-style), so docs cannot drift from behaviour."
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,6 +76,18 @@ def test_missing_doc_section_is_refused():
         parse_docs(Undocumented)
 
 
+def test_readme_rules_table_is_the_registry():
+    """The README's rules table is `kaudit rules --format markdown`, byte for byte."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- rules-table:[^\n]*-->\n(.*?)<!-- end rules-table -->", readme, re.S)
+    assert block, "README.md has no `<!-- rules-table: ... -->` block"
+    listed = subprocess.run([sys.executable, "-m", "kaudit", "rules", "--format", "markdown"],
+                            capture_output=True, text=True, check=True).stdout
+    assert block.group(1) == listed, "run `python scripts/update_readme_rules.py`"
+    codes = re.findall(r"^\| (K[ADP]\d{3}) \|", block.group(1), re.M)
+    assert codes == [r.code for r in all_rules()]
+
+
 def _readme_commands() -> list[str]:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quick_start = readme[readme.index("## Quick start"):readme.index("## Using it")]
@@ -99,3 +112,15 @@ def test_extras_declare_what_the_triton_interpreter_imports():
         names = {re.split(r"[<>=;\[ ]", requirement)[0]
                  for requirement in project["optional-dependencies"][extra]}
         assert "numpy" in names, extra
+
+
+MODULE_LINES_MAX = 800
+
+
+def test_no_module_over_800_lines():
+    """The developer guide's limit: a module that grows past it is split by concern."""
+    long = {str(path.relative_to(ROOT)): count
+            for path in [*(ROOT / "kaudit").rglob("*.py"), *(ROOT / "rules").glob("*.py")]
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES_MAX}
+    assert not long, long
+

@@ -75,6 +75,32 @@ def test_symbolic_equality_and_multiples():
     assert is_multiple(parse_python_expr("N", {"N": "4096"}), parse_python_expr("256"))
 
 
+@pytest.mark.parametrize("text", ["x.numel() // x.size(-1)", "x.numel() // x.shape[-1]",
+                                  "x.numel() // (x.size(0) * x.size(1))", "x.numel() * 4 // x.size(2)"])
+def test_element_count_is_a_multiple_of_each_size(text):
+    assert is_multiple(parse_python_expr(text).args[0], parse_python_expr(text).args[1])
+    assert classify_dim(parse_python_expr(text)).kind == "exact"
+
+
+@pytest.mark.parametrize("text", ["x.numel() // (x.size(0) * x.size(-1))",  # maybe the same dimension
+                                  "x.numel() // (x.size(1) * x.size(1))", "x.numel() // w.size(0) // 4"])
+def test_element_count_divided_by_sizes_not_proven(text):
+    assert classify_dim(parse_python_expr(text)).kind != "exact"
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("n // d", "rows"), ("x.numel() // w.size(0)", "rows"), ("n // (c * h * w)", "rows"),
+    ("n // (4 * d)", "floor"), ("n // BLOCK", "floor"), ("n // (BLOCK * d)", "floor"),
+])
+def test_division_by_a_data_dimension_counts_rows(text, kind):
+    assert classify_dim(parse_python_expr(text)).kind == kind
+
+
+def test_sizes_times_exact_divisions_are_sizes():
+    grid = parse_python_expr("b * (x.numel() // (x.size(0) * x.size(1)))")
+    assert classify_dim(grid).kind == "size"
+
+
 # --- ceil and floor divisions, every spelling ------------------------------------------------
 
 PY_CEIL = ["(n + 255) // 256", "(n + B - 1) // B", "triton.cdiv(n, B)", "cdiv(n, B)", "-(-n // B)",
@@ -320,3 +346,27 @@ def test_static_shared_memory_and_constant_bounds():
     assert dict(launch.kernel.shared) == {"a": 64 * 64 * 4, "b": 128 * 8}
     assert [b.literal for b in launch.kernel.const_bounds] == [4096]
     assert launch.kernel.size_params == ["n"]
+
+
+# --- the package's layers -------------------------------------------------------------------
+
+GEOMETRY_LAYERS = ["algebra", "vocabulary", "python_host", "cpp_host", "kernels", "analysis"]
+# python_host and cpp_host are one layer: neither imports the other
+SAME_LAYER = {("python_host", "cpp_host"), ("cpp_host", "python_host")}
+
+
+@pytest.mark.parametrize("module", GEOMETRY_LAYERS)
+def test_geometry_modules_import_only_lower_layers(module):
+    """Each module imports only the ones listed before it, so the package has no import cycle."""
+    import ast
+    from pathlib import Path
+
+    import kaudit.geometry
+
+    path = Path(kaudit.geometry.__file__).parent / f"{module}.py"
+    imported = {node.module.rsplit(".", 1)[-1] for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module
+                and node.module.startswith("kaudit.geometry.")}
+    lower = set(GEOMETRY_LAYERS[:GEOMETRY_LAYERS.index(module)])
+    assert imported <= lower, f"{module} imports {sorted(imported - lower)}"
+    assert not {(module, other) for other in imported} & SAME_LAYER

@@ -189,3 +189,29 @@ def test_forward_rebound_in_init_is_followed():
                    "        return Block()(x)")
     graph = KernelGraph.of(SourceModel("k.py", code))
     assert "ext:f" in graph.reachable_from(graph.forward)
+
+
+def test_recursive_helper_is_traced_without_recursion_error():
+    """A helper that calls itself (here through the value it returns) ends the trace with an
+    unknown producer instead of recursing until Python gives up."""
+    text = textwrap.dedent("""
+        import torch
+        from torch.utils.cpp_extension import load_inline
+
+        ext = load_inline(name="e", cpp_sources="torch::Tensor op(torch::Tensor x);",
+                          functions=["op"])
+
+        def repeat(x, n):
+            return ext.op(x) if n == 0 else repeat(ext.op(x), n - 1)
+
+        class ModelNew(torch.nn.Module):
+            def forward(self, x):
+                return repeat(x, 3)
+        """)
+    from kaudit.config import Config
+    from kaudit.engine import scan_text
+
+    assert scan_text(text, "recursive.py", Config()).errors == []
+    model = SourceModel("recursive.py", text)
+    flows = ReturnTracer(ForwardAnalysis.of(model)).flows(ForwardAnalysis.of(model).forward)
+    assert {p.source for flow in flows for p in flow.producers} <= {Source.CUSTOM, Source.UNKNOWN}

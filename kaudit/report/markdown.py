@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -18,6 +19,7 @@ from kaudit.api import Report
 from kaudit.discover import natural_key
 from kaudit.findings import Finding
 from kaudit.verdicts import TRUSTED, VERDICTS
+from kaudit.rule import Rule
 
 MAX_ROWS = 50
 #: backtick code spans a message holds (kept as code spans)
@@ -150,3 +152,16 @@ def _picture(finding: Finding, folder: str | None) -> str:
         except ValueError:  # another drive (Windows): no relative path exists
             pass
     return f" [picture]({quote(Path(target).as_posix())})"
+
+
+def rules_table(rules: Iterable[type[Rule]]) -> str:
+    """The rules as a Markdown table (code, name, level, what it finds): the README's table."""
+    lines = ["| code | name | level | what it finds |", "|---|---|---|---|"]
+    for rule in rules:
+        summary = rule.docs().summary.removesuffix(".")
+        lines.append(f"| {rule.code} | {rule.name} | {rule.level.value} | {_cell(summary)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
