@@ -38,6 +38,12 @@ class OutputFormat(str, enum.Enum):
     markdown = "markdown"
 
 
+class SandboxMode(str, enum.Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 class FailOn(str, enum.Enum):
     error = "error"
     warning = "warning"
@@ -95,13 +101,14 @@ def scan(
     timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
+    sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir)
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
-                     timeout, scales=scales, jobs=jobs, artifacts=artifacts)
+                     timeout, scales=scales, jobs=jobs, artifacts=artifacts, sandbox=sandbox)
     if output_dir is not None:
         _write_all(report, config, output_dir)
     if output_dir is None or output is not None or output_format is not OutputFormat.text:
@@ -130,10 +137,39 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
     return report, config
 
 
+def _jobs_guarded(mode: SandboxMode):
+    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built is a
+    usage error), stale temporary folders of killed runs removed, SIGTERM unwinding (running jobs
+    killed, temporary folders removed), and kaudit's own code imported and fingerprinted. Returns
+    the fingerprint, for `_refuse_if_changed`."""
+    from kaudit.dynamic import sandbox, scratch
+    from kaudit.dynamic.selfcheck import Installation
+
+    sandbox.set_mode(mode.value)
+    try:
+        sandbox.active()
+    except sandbox.SandboxError as exc:
+        _usage_error(str(exc))
+    scratch.remove_stale()
+    scratch.on_terminate(sandbox.kill_all)
+    scratch.exit_on_sigterm()
+    return Installation.before_jobs()
+
+
+def _refuse_if_changed(installation) -> None:
+    changed = installation.changed()
+    if changed:
+        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+        _usage_error(f"refusing to report: kaudit's own installed code changed during the dynamic "
+                     f"pass ({shown}); a job may have edited it. Reinstall kaudit and scan again "
+                     "with --sandbox on")
+
+
 def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                  problem: Path | None, problems_root: Path | None, tolerance: str | None,
                  atol: float | None, rtol: float | None, timeout: float, *, scales: str,
-                 jobs: int | None, artifacts: Path | None) -> None:
+                 jobs: int | None, artifacts: Path | None,
+                 sandbox: SandboxMode = SandboxMode.auto) -> None:
     from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
     from kaudit.dynamic.problems_cli import parse_scales
 
@@ -156,10 +192,12 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                              str(problems_root) if problems_root else None, timeout,
                              scales=scale_factors, jobs=jobs or 1,
                              artifacts_dir=str(artifacts) if artifacts else None)
+    installation = _jobs_guarded(sandbox)
     try:
         run_dynamic([str(p) for p in paths], report, options, config)
     except ValueError as exc:
         _usage_error(str(exc))
+    _refuse_if_changed(installation)
 
 
 def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
@@ -319,6 +357,7 @@ def problems(
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
+    sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Run every problem in an OS sandbox (Linux namespaces): auto, on or off.")] = SandboxMode.auto,  # noqa: E501
 ) -> None:
     """Audit benchmark problems: can their correctness check tell a real kernel from a trivial
     one? Each problem runs in a child process; needs torch (the `dynamic` extra)."""
@@ -327,11 +366,13 @@ def problems(
         run_command,
     )
 
+    installation = _jobs_guarded(sandbox)
     try:
         code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,
                            seeds=seeds, scales=scales, timeout=timeout, jobs=jobs,
                            output_format=output_format.value, output=output,
-                           fail_on=fail_on.value if fail_on else None)
+                           fail_on=fail_on.value if fail_on else None,
+                           before_output=lambda: _refuse_if_changed(installation))
     except ProblemsUsageError as exc:
         _usage_error(str(exc))
     raise typer.Exit(code)

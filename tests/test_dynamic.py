@@ -43,6 +43,8 @@ CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
 GPU_ONLY_FINDINGS = {"KD403"}
 #: and only a run without CUDA: a kernel that needs CUDA is a KD500 note there, whatever it does
 CPU_ONLY_FINDINGS = {"KD500"}
+#: calls on the candidate's model per fixture
+FIXTURE_CALLS = (8, 12)
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("KAUDIT_TEST_DEVICE=cuda, but torch sees no CUDA device", allow_module_level=True)
 
@@ -61,8 +63,10 @@ def expected_on_device(folder: Path) -> set[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def fixture_runs(tmp_path_factory):
     """Every fixture folder audited once, several at a time (on CUDA spread over the GPUs)."""
-    # on CUDA every candidate job compiles its extension first, many at once
-    options = DynamicOptions(resolve(None, None, None), device=DEVICE,
+    # on CUDA every candidate job compiles its extension first, many at once; fewer calls than the
+    # default dozens keep the Triton interpreter's fixtures within CI time (tests/adversarial
+    # runs the default schedule)
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE, calls=FIXTURE_CALLS,
                              timeout=480 if DEVICE == "cuda" else 240,
                              extensions_dir=str(tmp_path_factory.mktemp("extensions")))
     workers = min(8, os.cpu_count() or 1)

@@ -37,6 +37,12 @@ class BuildCache:
         #: keys whose folder was found changed and emptied (for tests and messages)
         self.discarded: list[str] = []
 
+    def close(self) -> None:
+        """Remove a scan's own build folders (a cache the caller named is kept)."""
+        if not self.persistent and self.root is not None:
+            scratch.remove(self.root)
+            self.root = None
+
     @staticmethod
     def key(text: str) -> str:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

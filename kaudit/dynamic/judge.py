@@ -26,7 +26,7 @@ from kaudit.dynamic.harness import sentinels
 from kaudit.dynamic.probes import passes
 from kaudit.dynamic.runner import OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
-from kaudit.findings import Location
+from kaudit.findings import Level, Location
 from kaudit.rule import rule_by_code
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def not_audited(add: Adder, result: RunResult, what: str) -> None:
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
-          scaled_refs: list[dict], options: Any, plain: RunResult | None = None) -> None:
+          scaled_refs: list[dict], options: Any) -> None:
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -139,10 +139,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     if layout:
         add("KD202", f"wrong output: {layout}", reason="layout")
         return
-    # outputs that vary from call to call on the same inputs: what differs between the poisoned
-    # runs need not come from memory, so dependence on it (KD102) cannot be told
-    varying = bool(info.get("differing_calls"))
-    incomplete, unwritten = _coverage(add, ref_a, poisoned, oob, options, varying)
+    incomplete, unwritten = _coverage(add, ref_a, poisoned, oob, options)
     _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, unwritten, options)
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
@@ -155,15 +152,16 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
         _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"))
-    if correct and plain is not None:
-        _second_opinion(add, plain, ref_a, options.tolerance)
 
 
-def _coverage(add: Adder, reference: list, poisoned: list, oob: dict, options: Any,
-              varying: bool = False) -> tuple[bool, dict[int, Any]]:
+def rejected(run: KernelRun) -> bool:
+    return any(f.level is Level.ERROR for f in run.findings)
+
+
+def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
+              options: Any) -> tuple[bool, dict[int, Any]]:
     """KD101/KD102 per output; (whether some output is not fully and cleanly written, each
-    output's unwritten mask). `varying`: the outputs change from call to call anyway (no
-    KD102)."""
+    output's unwritten mask)."""
     incomplete = False
     masks = {}
     for index, ref in enumerate(reference):
@@ -182,7 +180,7 @@ def _coverage(add: Adder, reference: list, poisoned: list, oob: dict, options: A
                 f"{coverage['numel']} elements ({100 * coverage['fraction']:.3g} %) were never "
                 f"written in {sentinels.RUNS - 1} runs with different keyed patterns; "
                 f"{coverage['where']}", output=index, artifact=picture, **coverage)
-        elif coverage["dependent"] and coverage["deterministic"] and not varying:
+        elif coverage["dependent"] and coverage["deterministic"]:
             incomplete = True
             add("KD102", f"{name} ({_describe_tensor(ref)}): {coverage['dependent']} of "
                 f"{coverage['numel']} elements ({100 * coverage['dependent_fraction']:.3g} %) "
@@ -236,9 +234,9 @@ def _tampering(add: Adder, tampered: list) -> None:
             tampered=names, reason="rebound")
 
 
-def _second_opinion(add: Adder, plain: RunResult, reference: list, tolerance: Tolerance) -> None:
-    """KD406: the plain run (no poisoning, no watching, a few calls) disagrees with the watched
-    calls, which gave the reference's answer."""
+def second_opinion(add: Adder, plain: RunResult, reference: list) -> None:
+    """KD406: the plain run (no poisoning, no watching, a few calls) of a kernel the watched calls
+    found right disagrees with them."""
     if not plain.ok:
         if disk_full(plain):
             not_audited(add, plain, "plain run")

@@ -50,6 +50,8 @@ from kaudit.dynamic.judge import (
     judge,
     load_any,
     not_audited,
+    rejected,
+    second_opinion,
 )
 from kaudit.dynamic.problems import cpu_time_limit, default_memory_limit, resolve_device
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
@@ -208,11 +210,19 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
             continue
         if "ModelNew" in text:
             work.append((item, text))
+    builds = BuildCache(options.extensions_dir)
+    try:
+        return _audit_work(work, options, device, builds, on_kernel)
+    finally:
+        builds.close()
+
+
+def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, device: str,
+                builds: BuildCache, on_kernel: Callable[[int, int], None] | None
+                ) -> list[KernelRun]:
     slots = GpuSlots(options.jobs) if device == "cuda" else None
     done = [0]
     lock = threading.Lock()
-
-    builds = BuildCache(options.extensions_dir)
 
     def one(entry: tuple[WorkItem, str]) -> KernelRun:
         item, text = entry
@@ -393,16 +403,17 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                          "schedule_seed": schedule.getrandbits(48),
                                          "calls": schedule.randint(*options.calls)},
                       env=env, files=given, visible=visible, writable=(build,), **limits)
-            with run_job(job) as candidate, contextlib.ExitStack() as stack:
-                plain = None
-                if candidate.ok:
-                    plain = stack.enter_context(run_job(Job(
-                        PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
+            with run_job(job) as candidate:
+                judge(run, add, candidate, refs, inputs, scaled_refs, options)
+            if run.status != "ok" or rejected(run):
+                return  # the second opinion is for kernels the watched calls found right
+            plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
                                        "calls": PLAIN_CALLS},
                         env=env, files={k: v for k, v in given.items()
                                         if k in ("in/inputs_a.pt", "in/init.pt")},
-                        visible=visible, writable=(build,), **limits)))
-                judge(run, add, candidate, refs, inputs, scaled_refs, options, plain)
+                        visible=visible, writable=(build,), **limits)
+            with run_job(plain) as result:
+                second_opinion(add, result, refs["a"])
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

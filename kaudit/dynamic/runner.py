@@ -246,7 +246,8 @@ def _run(job: Job, root: Path, confined: bool) -> RunResult:
     if where.endswith(".py"):
         visible.append(os.path.dirname(os.path.abspath(where)))
     spec_path, result_path = root / "spec.json", root / "result.json"
-    spec = {"target": job.target, "args": {**job.args, "in_dir": str(given)}, "seed": job.seed,
+    args = {**job.args, "in_dir": str(given)} if job.files else dict(job.args)
+    spec = {"target": job.target, "args": args, "seed": job.seed,
             "out_dir": str(out), "result": str(result_path),
             "memory_limit": job.memory_limit, "cpu_limit": job.cpu_limit,
             "file_size_limit": job.file_size_limit, "process_limit": PROCESS_LIMIT,

@@ -147,11 +147,13 @@ def protect_parent() -> None:
 def launch(job: Launch) -> Exit:
     """Start the job's supervisor (forked by the fork server unless KAUDIT_FORKSERVER=0, or it
     is unavailable) and wait for it, at most `job.timeout` seconds."""
+    spec = job.spec.read_bytes()  # a supervisor deletes it: kept for a second start
     if os.environ.get("KAUDIT_FORKSERVER", "1") != "0":
         try:
             return forkserver.launch(job)
         except forkserver.Unavailable:
             pass  # no server, or it died with the job: run the job (again) in a fresh interpreter
+    job.spec.write_bytes(spec)
     return _launch_plain(job)
 
 

@@ -1,14 +1,14 @@
-"""The job side of `kaudit.dynamic.runner`: `python -m harness.child SPEC` (a fresh interpreter), or
+"""The job side of the parent's job runner: `python -m harness.child SPEC` (a fresh interpreter), or
 `run(SPEC)` in a process forked by the fork server (`server.py`, torch already imported). Like the
-rest of this package it imports nothing of kaudit, and what a job can see (module names, paths,
-argv, environment) names neither kaudit nor an audit.
+rest of this package it imports nothing of the parent, and what a job can see (module names,
+paths, argv, environment) names neither the parent nor an audit.
 
 A job is three processes (two without the sandbox):
 - the supervisor (this process): reads and deletes the spec, opens the result file, enters the
   sandbox (`jail.enter`) when the spec has a plan, forks, then copies the job's stdout and stderr
   into the capture files (the first and last CAPTURE_HEAD / CAPTURE_TAIL bytes of each, and how
   much was left out), waits, kills whatever the job left behind and leaves with the job's own
-  status (its exit code, or dying of its signal). SIGTERM (kaudit's timeout) kills the job first.
+  status (its exit code, or dying of its signal). SIGTERM (the parent's timeout) kills the job first.
   Without the sandbox it is a child subreaper, so that daemons the job starts come back to it;
 - with the sandbox, PID 1 of a new PID namespace: mounts its own /proc, drops its privileges,
   forks the job and reaps; when the job ends it reports the job's status and exits, which kills
@@ -25,6 +25,7 @@ Jobs mark what they are doing with `with phase("init"):`; an error reports the i
 from __future__ import annotations
 
 import contextlib
+import errno
 import faulthandler
 import importlib
 import importlib.util
@@ -105,19 +106,32 @@ def traced(text: str) -> bool:
 
 
 def remove_traces() -> None:
-    """Forget what names kaudit in this interpreter: modules (an editable install's finder),
-    import hooks, path entries; the job's argv is its own entry point."""
-    for name, module in list(sys.modules.items()):
-        if traced(name) or traced(str(getattr(module, "__file__", "") or "")):
+    """Forget what names the parent here: modules and import hooks named after it (an editable
+    install's finder) and path entries that hold its package. Where the Python installation itself
+    lives (a virtualenv inside a folder named after it) is left alone: torch is found there."""
+    package = __package__ or ""
+    for name in list(sys.modules):
+        if name.split(".")[0] != package and traced(name):
             del sys.modules[name]
     sys.meta_path[:] = [f for f in sys.meta_path
                         if not traced(f"{getattr(f, '__module__', '')} {getattr(f, '__name__', '')}"
                                       f" {type(f).__module__}")]
-    sys.path[:] = [p for p in sys.path if not traced(p)]
-    for key in [k for k in sys.path_importer_cache if traced(str(k))]:
+    sys.path[:] = [p for p in sys.path if not _holds_parent(p)]
+    for key in [k for k in sys.path_importer_cache if _holds_parent(str(k))]:
         del sys.path_importer_cache[key]
-    if hasattr(sys, "orig_argv"):
-        sys.orig_argv[:] = [a for a in sys.orig_argv if not traced(a)]
+
+
+def _holds_parent(path: str) -> bool:
+    """A path entry (not the installation's own package folder) holding a package whose name is
+    a trace: a source checkout added to the path."""
+    if not path or path.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
+        return False
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return any(traced(name) and os.path.isfile(os.path.join(path, name, "__init__.py"))
+               for name in names)
 
 
 def _resolve(target: str) -> Callable[[dict, str], Any]:
@@ -400,10 +414,14 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
 
 
 def _failure(where: str, exc: BaseException) -> dict[str, Any]:
+    number = getattr(exc, "errno", None)
+    if number is None:  # torch's own writer raises RuntimeError with the C library's text
+        number = next((n for n in (errno.ENOSPC, errno.EDQUOT) if os.strerror(n) in str(exc)),
+                      None)
     return {"ok": False, "phase": where, "type": type(exc).__name__,
             "message": str(exc)[:4000],
             "traceback": "".join(traceback.format_exception(exc))[-8000:],
-            "oom": is_oom(exc), "errno": getattr(exc, "errno", None)}
+            "oom": is_oom(exc), "errno": number}
 
 
 def _write_result(fd: int, data: dict) -> None:

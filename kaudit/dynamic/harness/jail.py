@@ -67,7 +67,7 @@ def prctl(option: int, value: int = 0) -> None:
 
 def set_dumpable(dumpable: bool) -> None:
     """Whether other processes of this user may read or write this one's memory (/proc/PID/mem,
-    ptrace); kaudit and its fork server turn it off."""
+    ptrace); the parent and its fork server turn it off."""
     prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
 
 
@@ -161,11 +161,11 @@ def _build_view(plan: dict, sources: dict[str, int]) -> None:
     os.symlink("/proc/self/fd", "/dev/fd")
     for number, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink(f"/proc/self/fd/{number}", f"/dev/{name}")
-    # 2. private temporary folders: other jobs, kaudit's own folders and the fork server vanish
+    # 2. private temporary folders: other jobs, the parent's own folders and the fork server vanish
     for root in ["/tmp", "/dev/shm", *plan.get("tmp_roots", [])]:
         if os.path.isdir(root):
             _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
-    # 3. what the job must not read: kaudit's installation, its key
+    # 3. what the job must not read: the parent's installation, its key
     for path in plan.get("hide", []):
         if os.path.isdir(path):
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k")

@@ -58,6 +58,7 @@ def run(args, out_dir):
         if device.type == "cuda":
             torch.cuda.synchronize()
         items = list(result) if isinstance(result, (list, tuple)) else [result]
-        save([t.detach().cpu().clone() if isinstance(t, torch.Tensor) else torch.tensor(float("nan"))
-              for t in items], os.path.join(out_dir, f"run{number}.pt"))
+        save([t.detach().cpu().clone().as_subclass(torch.Tensor) if isinstance(t, torch.Tensor)
+              else torch.tensor(float("nan")) for t in items],
+             os.path.join(out_dir, f"run{number}.pt"))
     return {"calls": int(args.get("calls", 3))}

@@ -1,4 +1,4 @@
-"""Keyed poisoning with guard zones, inside the candidate job (never the kaudit process).
+"""Keyed poisoning with guard zones, inside the candidate job (never the parent process).
 
 `Poisoner(run, key).mode()` is a `TorchDispatchMode` that fills every tensor an allocation op
 returns (`empty`, `empty_like`, `empty_strided`, `new_empty`, `new_empty_strided`,
@@ -229,5 +229,8 @@ def _start(thread: threading.Thread) -> None:
     _original_start(thread)
 
 
+# it reads as the original to a look at its names (`is` tells them apart: the tamper check does)
+_start.__module__, _start.__qualname__, _start.__name__ = "threading", "Thread.start", "start"
+_start.__doc__ = _original_start.__doc__
 #: what `Thread.start` is while a mode is active (or a thread started under one still runs it)
 THREAD_START = _start

@@ -1,6 +1,6 @@
-"""The child side of `kaudit problems`: runs one KernelBench problem and saves its outputs.
+"""The job of `problems` (benchmark problems): runs one KernelBench problem and saves its outputs.
 
-Runs only inside a job (`child`, never in the kaudit process). For a problem file it:
+Runs only inside a job (`child`, never in the parent process). For a problem file it:
 imports the file, builds `Model(*get_init_inputs())` under the init seed, moves it to the device,
 and for each seed calls `get_inputs()` under that seed and runs `forward` (under `no_grad`, the
 model left in the mode its constructor chose, as the harness does); for the first seed it also

@@ -1,5 +1,5 @@
 """Keyed sentinel patterns for the write-coverage probe (KD101/KD102), shared by the candidate job
-(which fills fresh allocations with them) and the kaudit process (which regenerates them from the
+(which fills fresh allocations with them) and the parent process (which regenerates them from the
 same key to find them in outputs).
 
 Each poisoned run r has, per dtype, a palette of PALETTE bit patterns drawn from a generator seeded

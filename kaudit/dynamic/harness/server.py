@@ -1,6 +1,5 @@
-"""The fork server's own side (`python -m harness.server ROOT`; kaudit's side is
-`kaudit.dynamic.forkserver`): a process that imports torch once and forks one supervisor
-(`child.run`) per job.
+"""The fork server's own side (`python -m harness.server ROOT`; the parent has the other side):
+a process that imports torch once and forks one supervisor (`child.run`) per job.
 
 It runs a single-threaded loop (a selector over the request pipe and a SIGCHLD wake-up pipe; no
 Python threads, because it forks), never initialises CUDA, runs no torch op (so no OpenMP pool
@@ -12,7 +11,7 @@ fds 0, 1 and 2, closes the server's descriptors, replaces the environment by the
 C-level one that subprocesses inherit) and `sys.path`'s working-folder and link entries by the
 job's, then becomes the job's supervisor. The server replies `{"id", "pid"}` right after the fork
 and `{"id", "returncode"}` (negative: killed by that signal) once it has reaped the child. When its
-stdin reaches EOF (kaudit closed it, or died) it kills its children and exits.
+stdin reaches EOF (the parent closed it, or died) it kills its children and exits.
 """
 
 from __future__ import annotations
@@ -80,10 +79,10 @@ def serve(root: str) -> NoReturn:
                 os.read(wake_read, 4096)
                 continue
             data = os.read(requests, 1 << 16)
-            if not data:  # kaudit closed the pipe, or died: nobody will read the results
+            if not data:  # the parent closed the pipe, or died: nobody reads results
                 for pid in children:
                     _kill_job(pid)
-                shutil.rmtree(root, ignore_errors=True)  # kaudit may not be there to do it
+                shutil.rmtree(root, ignore_errors=True)  # the parent may not be there to do it
                 os._exit(0)
             *lines, pending = (pending + data).split(b"\n")
             for line in lines:
@@ -139,7 +138,7 @@ def _become_job(request: dict, close_server: Callable[[], None],
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        close_server()  # a job holding the reply pipe would hide the server's death from kaudit
+        close_server()  # a job holding the reply pipe would hide the server's death from the parent
         os.chdir(request["cwd"])
         _redirect(0, os.devnull, os.O_RDONLY)
         _redirect(1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
