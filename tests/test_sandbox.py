@@ -117,8 +117,8 @@ def mode():
     sandbox.set_mode("auto")
 
 
-def run(jobs: Path, name: str, **args):
-    with run_job(Job(f"{jobs}:{name}", args, timeout=120)) as result:
+def run(jobs: Path, function: str, **args):
+    with run_job(Job(f"{jobs}:{function}", args, timeout=120)) as result:
         assert result.status == OK, result.describe() + result.stderr_tail
         return result.value
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -79,8 +80,9 @@ def disk_full(result: RunResult) -> bool:
 
 def not_audited(add: Adder, result: RunResult, what: str) -> None:
     """KD504: the job stopped on a full disk (or quota), not on anything the kernel did."""
-    add("KD504", f"not audited: the {what} could not write its files: {result.describe()}",
-        **failure_metrics(result))
+    add("KD504", f"not audited: {os.strerror(result.errno or errno.ENOSPC)} where kaudit's "
+        f"temporary folders are: the {what} could not write its files ({result.describe()})",
+        errno=result.errno, **failure_metrics(result))
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,

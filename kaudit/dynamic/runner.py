@@ -42,6 +42,7 @@ Every failure (crash, signal, timeout, import error, OOM, a result that is not J
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -308,12 +309,17 @@ def _interpret(result: RunResult, result_path: Path, timed_out: bool) -> None:
         result.status = TIMEOUT
         result.error = f"no result within {result.wall_s:.0f} s"
         return
+    if not (isinstance(data, dict) and data.get("ok") is True) and _disk_full(result_path.parent):
+        # what failed the job (torch's own writer does not always say) and may have kept it from
+        # writing even its result
+        result.errno = errno.ENOSPC
     if isinstance(data, dict) and data.get("ok") is True:
         result.status, result.value = OK, data.get("value")
         return
     if isinstance(data, dict) and data.get("ok") is False:
         result.status = OOM if data.get("oom") else ERROR
-        result.errno = data.get("errno") if isinstance(data.get("errno"), int) else None
+        if isinstance(data.get("errno"), int):
+            result.errno = data["errno"]
         result.phase = data.get("phase")
         result.error_type = str(data.get("type", ""))
         result.error = str(data.get("message", ""))
@@ -334,6 +340,15 @@ def _interpret(result: RunResult, result_path: Path, timed_out: bool) -> None:
     clue = _stderr_clue(result.stderr_tail)
     if clue:
         result.error += f"; stderr: {clue}"
+
+
+def _disk_full(folder: Path) -> bool:
+    """Less than 1 MiB left for kaudit's user where the job wrote."""
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < (1 << 20)
 
 
 def _stderr_clue(tail: str) -> str:

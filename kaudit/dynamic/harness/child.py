@@ -52,6 +52,8 @@ OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memor
 #: bytes kept from the start and from the end of the job's stdout and of its stderr
 CAPTURE_HEAD = 64 << 10
 CAPTURE_TAIL = 256 << 10
+#: bytes reserved for the result file before the job starts
+RESULT_ROOM = 256 << 10
 #: words that must not appear in what a job can see about itself
 TRACES = ("audit",)
 
@@ -166,6 +168,8 @@ def run(spec_path: str) -> NoReturn:
         os.unlink(spec_path)  # the job never reads its own spec
         result = os.open(spec["result"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                          0o600)
+        with contextlib.suppress(OSError):  # room for the result even once the disk is full
+            os.posix_fallocate(result, 0, RESULT_ROOM)
     except (OSError, ValueError, KeyError) as exc:
         os.write(2, f"job spec unreadable: {exc}\n".encode())
         os._exit(2)
@@ -425,10 +429,11 @@ def _failure(where: str, exc: BaseException) -> dict[str, Any]:
 
 
 def _write_result(fd: int, data: dict) -> None:
+    """Over the room reserved at the start (truncating first would give it back), then cut."""
     text = json.dumps(data, allow_nan=True).encode()
     os.lseek(fd, 0, os.SEEK_SET)
-    os.ftruncate(fd, 0)
     _write_all(fd, text)
+    os.ftruncate(fd, len(text))
 
 
 def _apply_limits(spec: dict) -> None:
