@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -122,6 +123,9 @@ def test_pre_commit_hook():
     assert hook["id"] == "kaudit" and hook["entry"].startswith("kaudit scan")
     assert hook["language"] == "python" and hook["types"] == ["python"]
     fixture = FIXTURES / "rules" / "KA101" / "bad_torch_alias_matmul.py"
+    # pre-commit runs the hook from its own environment: here, the interpreter's (.venv/bin)
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable),
+                                                  os.environ.get("PATH", "")])}
     proc = subprocess.run([*hook["entry"].split(), str(fixture)], capture_output=True, text=True, check=False,
-                          cwd=ROOT, timeout=120)
+                          cwd=ROOT, timeout=120, env=env)
     assert proc.returncode == 1 and "KA101" in proc.stdout

@@ -381,3 +381,27 @@ def test_scratch_folders_are_neutral_and_listed(tmp_path, monkeypatch):
     scratch.remove(folder)
     assert not folder.exists()
     shutil.rmtree(own)
+
+
+@pytest.mark.skipif(sandbox.cgroups() is None, reason="kaudit cannot make memory cgroups here")
+def test_a_job_is_capped_by_its_memory_cgroup(jobs, monkeypatch):
+    """Host memory, GPU runs too (RLIMIT_AS is for CPU runs): a job past its cgroup's limit is
+    killed, and the cgroup goes with the job."""
+    made = []
+    original = sandbox.job_cgroup
+
+    def small(limit):
+        made.append(original(256 << 20))
+        return made[-1]
+
+    monkeypatch.setattr(sandbox, "job_cgroup", small)
+    (jobs.parent / "grab.py").write_text(
+        "def grab(args, out_dir):\n    blob = bytearray(args['bytes'])\n"
+        "    for i in range(0, len(blob), 4096):\n        blob[i] = 1\n    return len(blob)\n")
+    target = f"{jobs.parent / 'grab.py'}:grab"
+    with run_job(Job(target, {"bytes": 64 << 20}, timeout=120)) as result:
+        assert result.ok, result.describe()
+    with run_job(Job(target, {"bytes": 1 << 30}, timeout=120)) as result:
+        assert result.status in ("crashed", "oom") and "SIGKILL" in result.describe(), \
+            result.describe()
+    assert made and not any(c.folder.exists() for c in made)

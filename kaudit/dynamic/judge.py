@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import math
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,7 +87,9 @@ def not_audited(add: Adder, result: RunResult, what: str) -> None:
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
-          scaled_refs: list[dict], options: Any) -> None:
+          scaled_refs: list[dict], options: Any) -> list | None:
+    """The findings of the candidate job; returns its first call's outputs when it could judge
+    them (for `second_opinion`)."""
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -154,6 +157,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
         _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"))
+    return plain_a
 
 
 def rejected(run: KernelRun) -> bool:
@@ -236,9 +240,11 @@ def _tampering(add: Adder, tampered: list) -> None:
             tampered=names, reason="rebound")
 
 
-def second_opinion(add: Adder, plain: RunResult, reference: list) -> None:
+def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
+                   tolerance: Tolerance) -> None:
     """KD406: the plain run (no poisoning, no watching, a few calls) of a kernel the watched calls
-    found right disagrees with them."""
+    found right fails a check its first watched call passed: the preset's allclose, or the
+    scale-invariant check."""
     if not plain.ok:
         if disk_full(plain):
             not_audited(add, plain, "plain run")
@@ -246,26 +252,40 @@ def second_opinion(add: Adder, plain: RunResult, reference: list) -> None:
         add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
             f"but in a plain run the kernel {plain.describe()}", **failure_metrics(plain))
         return
-    calls = [name for name in plain.files() if name.startswith("run") and name.endswith(".pt")]
-    for name in sorted(calls, key=lambda n: int(n[3:-3]) if n[3:-3].isdigit() else 0):
+    calls = sorted((n for n in plain.files() if re.fullmatch(r"run\d+\.pt", n)),
+                   key=lambda n: int(n[3:-3]))
+    for name in calls:
         try:
             outputs = plain.load_tensors(name, size_limit(reference))
         except OutputError as exc:
             add("KD406", f"only right when watched: the plain run's outputs are unusable: {exc}")
             return
-        problem = _layout_problem(reference, outputs)
-        errors = [] if problem else [scale_free_errors(r, o) for r, o in zip(reference, outputs)]
-        wrong = problem or next((
-            f"{_output_name(i, reference)} has relative L2 error {_num(rel)}"
-            for i, ((rel, ratio), ref) in enumerate(zip(errors, reference))
-            if rel > SCALE_FREE.get(_dtype(ref), SCALE_FREE_DEFAULT)[0]
-            or ratio > SCALE_FREE.get(_dtype(ref), SCALE_FREE_DEFAULT)[1]), None)
+        wrong = _layout_problem(reference, outputs) or next(
+            (problem for index, ref in enumerate(reference)
+             for problem in [_worse(index, ref, watched[index], outputs[index], reference,
+                                    tolerance)] if problem), None)
         if wrong:
             call = int(name[3:-3]) + 1
             add("KD406", f"only right when watched: the watched calls gave the reference's "
                 f"answer, but in a plain run (no poisoning, {len(calls)} calls) call {call} is "
                 f"wrong: {wrong}", call=call, calls=len(calls))
             return
+
+
+def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
+           tolerance: Tolerance) -> str | None:
+    """What the plain output fails that the watched one passed, or None."""
+    atol, rtol = tolerance.for_dtype(_dtype(reference))
+    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
+    name = _output_name(index, outputs)
+    if passes(reference, watched, atol, rtol) and not passes(reference, plain, atol, rtol):
+        return f"{name} fails {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g})"
+    rel, ratio = scale_free_errors(reference, plain)
+    watched_rel, watched_ratio = scale_free_errors(reference, watched)
+    if watched_rel <= rel_limit and watched_ratio <= ratio_limit and \
+            (rel > rel_limit or ratio > ratio_limit):
+        return f"{name} has relative L2 error {_num(rel)} (limit {rel_limit:g})"
+    return None
 
 
 def _deferred(add: Adder, info: dict) -> None:

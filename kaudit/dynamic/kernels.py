@@ -404,8 +404,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                          "calls": schedule.randint(*options.calls)},
                       env=env, files=given, visible=visible, writable=(build,), **limits)
             with run_job(job) as candidate:
-                judge(run, add, candidate, refs, inputs, scaled_refs, options)
-            if run.status != "ok" or rejected(run):
+                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options)
+            if watched is None or run.status != "ok" or rejected(run):
                 return  # the second opinion is for kernels the watched calls found right
             plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
                                        "calls": PLAIN_CALLS},
@@ -413,7 +413,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                         if k in ("in/inputs_a.pt", "in/init.pt")},
                         visible=visible, writable=(build,), **limits)
             with run_job(plain) as result:
-                second_opinion(add, result, refs["a"])
+                second_opinion(add, result, refs["a"], watched, options.tolerance)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

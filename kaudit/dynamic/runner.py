@@ -222,14 +222,18 @@ def run_job(job: Job) -> RunResult:
     sandbox.protect_parent()
     confined = sandbox.active()
     root = scratch.folder()
+    cgroup = sandbox.job_cgroup(job.memory_limit)
     try:
-        return _run(job, root, confined)
+        return _run(job, root, confined, cgroup)
     except BaseException:
         scratch.remove(root)
         raise
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
 
 
-def _run(job: Job, root: Path, confined: bool) -> RunResult:
+def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None) -> RunResult:
     work, out, tmp, lib, given = (root / name for name in FOLDERS)
     for folder in (work, out, tmp, lib, given):
         folder.mkdir()
@@ -252,6 +256,7 @@ def _run(job: Job, root: Path, confined: bool) -> RunResult:
             "out_dir": str(out), "result": str(result_path),
             "memory_limit": job.memory_limit, "cpu_limit": job.cpu_limit,
             "file_size_limit": job.file_size_limit, "process_limit": PROCESS_LIMIT,
+            "cgroup": cgroup.procs if cgroup is not None else None,
             "sandbox": sandbox.plan_for(root, visible, writable) if confined else None}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     env = scrubbed_environment({

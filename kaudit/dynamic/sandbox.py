@@ -14,15 +14,24 @@ every process of the job killed with it; no capabilities. Modes:
 - `off`: no namespaces. Jobs still get their own supervisor, resource limits, dropped
   capabilities, a process-tree kill and capped output, and kaudit and its fork server are not
   dumpable; what only the namespaces give is listed in the README's threat model.
+
+In either mode, where kaudit may make memory cgroups (cgroup v2 with the memory controller enabled
+for its own cgroup's children, or cgroup v1's memory hierarchy, as root in a container), each job
+gets one (`JobCgroup`): its supervisor joins it before anything else, so the job's host memory
+(tmpfs pages included) is capped, and whatever is left in it when the job ends is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -43,6 +52,7 @@ _mode = "auto"
 _probed: tuple[bool, str | None] | None = None
 _warned = False
 _plain: set[int] = set()  # pids of supervisors started as fresh interpreters
+_cgroups: tuple[bool, tuple[Path, str] | None] | None = None
 
 
 class SandboxError(RuntimeError):
@@ -203,3 +213,108 @@ def kill_all() -> None:
         pids = list(_plain)
     for pid in pids:
         _kill_group(pid)
+
+
+# -- memory cgroups ------------------------------------------------------------------------------
+
+
+def _cgroup_base() -> tuple[Path, str] | None:
+    """(the folder kaudit's own cgroup's children go in, "v1" or "v2"), where it may make them."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        number, controllers, path = line.split(":", 2)
+        if number == "0" and controllers == "":
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            try:
+                enabled = (base / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                continue
+            if "memory" in enabled and os.access(base, os.W_OK):
+                return base, "v2"
+        elif "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if (base / "memory.limit_in_bytes").exists() and os.access(base, os.W_OK):
+                return base, "v1"
+    return None
+
+
+def cgroups() -> tuple[Path, str] | None:
+    """Where job cgroups can be made (probed once: made, limited and removed), or None."""
+    global _cgroups
+    with _lock:
+        if _cgroups is None:
+            found = _cgroup_base()
+            if found is not None:
+                try:
+                    probe = JobCgroup.make(found, 1 << 30)
+                    probe.remove()
+                except OSError:
+                    found = None
+            _cgroups = (True, found)
+        return _cgroups[1]
+
+
+class JobCgroup:
+    """One job's memory cgroup (a neutral name: the job can read its own /proc/self/cgroup)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @classmethod
+    def make(cls, base: tuple[Path, str], limit: int) -> JobCgroup:
+        folder, version = base
+        path = folder / f"tmp{secrets.token_hex(4)}"
+        path.mkdir()
+        made = cls(path)
+        try:
+            name = "memory.max" if version == "v2" else "memory.limit_in_bytes"
+            (path / name).write_text(str(int(limit)))
+            if version == "v2":
+                with contextlib.suppress(OSError):
+                    (path / "memory.swap.max").write_text("0")
+        except OSError:
+            made.remove()
+            raise
+        return made
+
+    @property
+    def procs(self) -> str:
+        return str(self.folder / "cgroup.procs")
+
+    def remove(self) -> None:
+        """Kill what is left in it, then remove it."""
+        for _ in range(50):
+            try:
+                pids = [int(p) for p in (self.folder / "cgroup.procs").read_text().split()]
+            except OSError:
+                pids = []
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                self.folder.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.02)
+
+
+def job_cgroup(limit: int | None) -> JobCgroup | None:
+    """A memory cgroup for a job, capped at `limit` bytes (else three quarters of the host's
+    memory), where cgroups can be made; None elsewhere."""
+    base = cgroups()
+    if base is None:
+        return None
+    if limit is None:
+        try:
+            limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+        except (ValueError, OSError):
+            return None
+    try:
+        return JobCgroup.make(base, limit)
+    except OSError:
+        return None

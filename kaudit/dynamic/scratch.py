@@ -12,7 +12,6 @@ folders older than STALE_AFTER seconds and the neutral folders they list.
 from __future__ import annotations
 
 import atexit
-import os
 import re
 import shutil
 import signal

@@ -4,8 +4,9 @@ rest of this package it imports nothing of the parent, and what a job can see (m
 paths, argv, environment) names neither the parent nor an audit.
 
 A job is three processes (two without the sandbox):
-- the supervisor (this process): reads and deletes the spec, opens the result file, enters the
-  sandbox (`jail.enter`) when the spec has a plan, forks, then copies the job's stdout and stderr
+- the supervisor (this process): reads and deletes the spec, opens the result file, joins the
+  job's memory cgroup when there is one, enters the sandbox (`jail.enter`) when the spec has a
+  plan, forks, then copies the job's stdout and stderr
   into the capture files (the first and last CAPTURE_HEAD / CAPTURE_TAIL bytes of each, and how
   much was left out), waits, kills whatever the job left behind and leaves with the job's own
   status (its exit code, or dying of its signal). SIGTERM (the parent's timeout) kills the job first.
@@ -180,6 +181,13 @@ def _supervise(spec: dict, result: int) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the job exists to be killed
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     jail.die_with_parent(signal.SIGTERM)
+    if spec.get("cgroup"):  # the job's memory cgroup: joined first, so all it starts is in it
+        try:
+            with open(spec["cgroup"], "w", encoding="ascii") as handle:
+                handle.write(str(os.getpid()))
+        except OSError as exc:
+            _write_result(result, _failure("sandbox", exc))
+            os._exit(1)
     plan = spec.get("sandbox")
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
@@ -349,8 +357,9 @@ def _leave_like(status: int) -> NoReturn:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         with contextlib.suppress(OSError, ValueError):
-            signal.signal(number, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
+            if number not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be handled anyway
+                signal.signal(number, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [number])
             os.kill(os.getpid(), number)
         os._exit(128 + number)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
