@@ -283,20 +283,24 @@ def _environment(tmp: Path) -> dict[str, str]:
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
 def test_kaudit_stopped_mid_scan_leaves_nothing(tmp_path, number):
     pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    _kernel(tmp_path / "sleeper", SLEEPER)
+    for name in ("sleeper", "second", "third"):
+        _kernel(tmp_path / name, SLEEPER + f"# {name}\n")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     process = subprocess.Popen(
-        [sys.executable, "-m", "kaudit", "scan", "sleeper", "--dynamic", "--device", "cpu",
-         "--no-cache", "--timeout", "300"], cwd=tmp_path, env=_environment(tmp),
+        [sys.executable, "-m", "kaudit", "scan", "sleeper", "second", "third", "--dynamic",
+         "--device", "cpu", "--no-cache", "--timeout", "300", "-j", "2"],
+        cwd=tmp_path, env=_environment(tmp),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        # the candidate job is running once its folder holds a build folder's sibling `in`
+        # a candidate job is running once a job folder holds its inputs
         assert wait_until(lambda: any((p / "in" / "inputs_a.pt").exists()
                                       for p in tmp.glob("tmp*")), 120)
         time.sleep(1)
+        started = time.monotonic()
         process.send_signal(number)
         process.wait(timeout=60)
+        assert time.monotonic() - started < 30, "the running jobs were killed, the rest not run"
     finally:
         process.kill()
     assert process.returncode != 0

@@ -247,8 +247,14 @@ def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, devic
 
     if options.jobs <= 1 or len(work) <= 1:
         return [one(entry) for entry in work]
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=options.jobs)
+    try:
         return list(pool.map(one, work))
+    except BaseException:  # interrupted: the kernels not started yet are not started
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _materialise_record(item: WorkItem, text: str, folder: str) -> str:

@@ -3,8 +3,8 @@
 Folders a job can see (its own folder, the fork server's, a JSONL record's kernel) get neutral
 names, `tmp` and random letters, as any program's would; kaudit's own (the build cache) live in
 one folder per kaudit process, `TMPDIR/kaudit-<random>/`, which also lists the neutral folders in
-its `folders` file. Everything is removed when it is no longer needed, at exit, and on SIGTERM
-(`exit_on_sigterm`, after the running jobs are killed); SIGINT unwinds the same way. What a killed
+its `folders` file. Everything is removed when it is no longer needed, at exit, and on SIGTERM and SIGINT
+(`exit_on_sigterm`, after the running jobs are killed). What a killed
 kaudit (SIGKILL) leaves behind is removed by the next one: `remove_stale()` deletes `kaudit-*`
 folders older than STALE_AFTER seconds and the neutral folders they list.
 """
@@ -105,13 +105,17 @@ def on_terminate(callback: Callable[[], None]) -> None:
 
 
 def exit_on_sigterm() -> None:
-    """SIGTERM unwinds like SIGINT: running jobs killed, `finally` blocks and atexit run."""
+    """SIGTERM and SIGINT kill the running jobs, then unwind (SystemExit, KeyboardInterrupt):
+    `finally` blocks and atexit run."""
     if threading.current_thread() is not threading.main_thread():
         return
 
     def terminate(number: int, _frame: object) -> None:
         for callback in _on_terminate:
             callback()
+        if number == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(128 + number)
 
     signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)

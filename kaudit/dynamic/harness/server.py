@@ -3,7 +3,8 @@ a process that imports torch once and forks one supervisor (`child.run`) per job
 
 It runs a single-threaded loop (a selector over the request pipe and a SIGCHLD wake-up pipe; no
 Python threads, because it forks), never initialises CUDA, runs no torch op (so no OpenMP pool
-exists when it forks) and does not import triton, whose `TRITON_INTERPRET` is read at import. It is
+exists when it forks; OpenBLAS, loaded by numpy, stops its threads itself before a fork) and does
+not import triton, whose `TRITON_INTERPRET` is read at import. It is
 not dumpable (a job of the same user cannot read or write its memory) and is a child subreaper:
 a process a job left behind that comes back to it is killed. For each request it forks a child
 that calls `os.setsid()`, enters the job's working folder, puts /dev/null and the capture files on
@@ -49,6 +50,9 @@ def serve(root: str) -> NoReturn:
 
     for name in PRELOADED:
         importlib.import_module(f"{__package__}.{name}")
+    with contextlib.suppress(ImportError):  # every job seeds numpy's generator: imported once
+        import numpy  # noqa: F401
+    torch.manual_seed(0)  # its first call imports torch._dynamo: once, here (CUDA stays untouched)
     if torch.cuda.is_initialized() or "triton" in sys.modules:  # e.g. by a sitecustomize
         sys.exit("CUDA initialised or triton imported at start-up: a forked job could not set "
                  "CUDA_VISIBLE_DEVICES or TRITON_INTERPRET")
