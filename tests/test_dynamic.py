@@ -313,7 +313,7 @@ def test_static_scan_without_dynamic_never_imports_torch_nor_runs_kernels():
             "assert result.exit_code in (0, 1), result.output\n"
             "assert '\"pass\": \"dynamic\"' not in result.output\n"
             "assert 'torch' not in sys.modules, 'the static scan imported torch'\n"
-            "ran = {'kaudit.dynamic.kernels', 'kaudit.dynamic.runner', 'kaudit.dynamic.sentinels'}"
+            "ran = {'kaudit.dynamic.kernels', 'kaudit.dynamic.runner', 'kaudit.dynamic.harness.sentinels'}"
             " & set(sys.modules)\n"
             "assert not ran, ran\n")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,

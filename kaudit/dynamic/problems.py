@@ -1,8 +1,8 @@
 """`kaudit problems`: audit a benchmark's own correctness checks.
 
 For each KernelBench problem file, a child process (`kaudit.dynamic.runner`,
-`kaudit.dynamic.problem_job`) computes the reference outputs; this module, in the kaudit process,
-loads them and asks whether the benchmark's check can tell a real kernel from a trivial one:
+`kaudit.dynamic.harness.problem_job`) computes the reference outputs; this module, in the kaudit
+process, loads them and asks whether the benchmark's check can tell a real kernel from a trivial one:
 
 - KP101 an all-zeros output passes on every seed;
 - KP102 one constant passes on every seed;
