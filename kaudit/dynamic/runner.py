@@ -272,9 +272,9 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     try:
         end = sandbox.launch(Launch(spec=spec_path, cwd=work, lib=lib, env=env,
                                     stdout=stdout_path, stderr=stderr_path, timeout=job.timeout))
-    except OSError as exc:
+    except (OSError, sandbox.Stopped) as exc:
         result.status, result.error_type, result.error = CRASHED, type(exc).__name__, str(exc)
-        result.errno = exc.errno
+        result.errno = getattr(exc, "errno", None)
         return result
     result.wall_s = time.monotonic() - started
     result.returncode = end.returncode

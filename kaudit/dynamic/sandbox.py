@@ -52,11 +52,16 @@ _mode = "auto"
 _probed: tuple[bool, str | None] | None = None
 _warned = False
 _plain: set[int] = set()  # pids of supervisors started as fresh interpreters
+_stopping = threading.Event()
 _cgroups: tuple[bool, tuple[Path, str] | None] | None = None
 
 
 class SandboxError(RuntimeError):
     """--sandbox on, but the sandbox cannot be built here."""
+
+
+class Stopped(RuntimeError):
+    """kaudit is stopping (SIGTERM, SIGINT): no job starts any more."""
 
 
 def set_mode(mode: str) -> None:
@@ -159,12 +164,19 @@ def launch(job: Launch) -> Exit:
     is unavailable) and wait for it, at most `job.timeout` seconds."""
     spec = job.spec.read_bytes()  # a supervisor deletes it: kept for a second start
     if os.environ.get("KAUDIT_FORKSERVER", "1") != "0":
+        _check_running()
         try:
             return forkserver.launch(job)
         except forkserver.Unavailable:
             pass  # no server, or it died with the job: run the job (again) in a fresh interpreter
+    _check_running()
     job.spec.write_bytes(spec)
     return _launch_plain(job)
+
+
+def _check_running() -> None:
+    if _stopping.is_set():
+        raise Stopped("kaudit is stopping: the job was not run")
 
 
 def _launch_plain(job: Launch) -> Exit:
@@ -207,7 +219,9 @@ def _kill_group(pid: int) -> None:
 
 
 def kill_all() -> None:
-    """Kill every running job (SIGTERM to kaudit): the fork server's and the fresh ones."""
+    """Kill every running job and start no other (SIGTERM or SIGINT to kaudit): the fork
+    server's and the fresh ones."""
+    _stopping.set()
     forkserver.shutdown()
     with _lock:
         pids = list(_plain)
