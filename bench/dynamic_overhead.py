@@ -10,10 +10,13 @@ For each case (a folder with problem.py and kernel.py) it times, compilation lef
   torch.allclose with atol = rtol = 1e-2). Its compile part is the kernel import time;
 - kaudit's audit of the same kernel (`audit_kernel`), with an extension cache warmed by one untimed
   audit first, so its compile part is a cache hit. Triton compiles at the first launch, not at
-  import: its cache (~/.triton) is warmed by that same untimed audit, for both measurements.
+  import: the audit's Triton cache lives in the kernel's build folder, warmed by that same untimed
+  audit; the plain check's (~/.triton) by its first run.
+- with `--sandbox both` (the default where the OS sandbox works), the audit twice, without and
+  with the sandbox, interleaved: the sandbox's own cost is the ratio of the two.
 
     python bench/dynamic_overhead.py [--device cpu|cuda] [--cases NAME_OR_DIR ...] [--repeat N]
-                                     [--json PATH]
+                                     [--sandbox both|on|off] [--json PATH]
 
 Default cases: the good_* folders of fixtures/dynamic/ and bench/fixtures/ that can run on the
 device. The target is audit / plain-excluding-compile <= 2 on the GPU.
@@ -31,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kaudit.dynamic import sandbox
 from kaudit.dynamic.kernels import (
     DynamicOptions,
     audit_kernel,
@@ -145,52 +149,68 @@ def audit(folder: Path, options: DynamicOptions, device: str) -> dict:
     return {"wall_s": wall, "findings": sorted(f.rule for f in run.findings)}
 
 
-def measure(folder: Path, device: str, repeat: int, extensions_dir: str) -> dict:
+def measure(folder: Path, device: str, repeat: int, extensions_dir: str,
+            modes: list[str]) -> dict:
+    """`modes`: the sandbox modes audited ("off", "on"); the last is the audit reported."""
     options = DynamicOptions(resolve(TOLERANCE, None, None), device=device, timeout=TIMEOUT_S,
                              extensions_dir=extensions_dir)
     audit(folder, options, device)  # warms the extension and Triton caches
-    plains, audits = [], []
-    for _ in range(repeat):  # interleaved, so drift hits both alike
+    plains, audits = [], {mode: [] for mode in modes}
+    for _ in range(repeat):  # interleaved, so drift hits all alike
         plains.append(plain_check(folder, device))
-        audits.append(audit(folder, options, device))
+        for mode in modes:
+            sandbox.set_mode(mode)
+            audits[mode].append(audit(folder, options, device))
     plain = {key: statistics.median(p[key] for p in plains)
              for key in ("wall_s", "compile_s", "excl_compile_s")}
-    audit_s = statistics.median(a["wall_s"] for a in audits)
-    return {**{f"plain_{k}": v for k, v in plain.items()}, "audit_s": audit_s,
-            "ratio": audit_s / plain["excl_compile_s"],
-            "plain_passed": min(p["passed"] for p in plains), "plain_trials": plains[0]["trials"],
-            "audit_findings": audits[0]["findings"],
-            "samples": {"plain": plains, "audit_s": [a["wall_s"] for a in audits]}}
+    seconds = {mode: statistics.median(a["wall_s"] for a in runs) for mode, runs in audits.items()}
+    audit_s = seconds[modes[-1]]
+    figures = {**{f"plain_{k}": v for k, v in plain.items()}, "audit_s": audit_s,
+               "ratio": audit_s / plain["excl_compile_s"],
+               "plain_passed": min(p["passed"] for p in plains),
+               "plain_trials": plains[0]["trials"], "audit_findings": audits[modes[-1]][0]["findings"],
+               "samples": {"plain": plains, **{f"audit_{m}_s": [a["wall_s"] for a in runs]
+                                               for m, runs in audits.items()}}}
+    if len(modes) == 2:
+        figures.update(unsandboxed_s=seconds["off"], sandbox_ratio=seconds["on"] / seconds["off"])
+    return figures
 
 
 def totals(results: list[dict]) -> dict:
-    """Sums over the cases that ran, and the ratio of the sums (None when none ran)."""
+    """Sums over the cases that ran, and the ratios of the sums (None when none ran)."""
     done = [r for r in results if "error" not in r]
-    sums = {key: sum(r[key] for r in done)
-            for key in ("plain_wall_s", "plain_compile_s", "plain_excl_compile_s", "audit_s")}
-    return {**sums, "ratio": sums["audit_s"] / sums["plain_excl_compile_s"] if done else None}
+    keys = ["plain_wall_s", "plain_compile_s", "plain_excl_compile_s", "audit_s"]
+    if done and all("unsandboxed_s" in r for r in done):
+        keys.append("unsandboxed_s")
+    sums = {key: sum(r[key] for r in done) for key in keys}
+    found = {**sums, "ratio": sums["audit_s"] / sums["plain_excl_compile_s"] if done else None}
+    if "unsandboxed_s" in sums:
+        found["sandbox_ratio"] = sums["audit_s"] / sums["unsandboxed_s"]
+    return found
 
 
 def table(results: list[dict]) -> str:
-    header = ("case", "plain (s)", "compile (s)", "plain-compile (s)", "audit (s)", "ratio")
+    both = any("unsandboxed_s" in r for r in results)
+    header = ("case", "plain (s)", "compile (s)", "plain-compile (s)",
+              *(("audit, no sandbox (s)", "audit, sandbox (s)", "sandbox x") if both
+                else ("audit (s)",)), "ratio")
+    keys = ["plain_wall_s", "plain_compile_s", "plain_excl_compile_s",
+            *(("unsandboxed_s", "audit_s", "sandbox_ratio") if both else ("audit_s",))]
     rows = []
     for r in results:
         if "error" in r:
-            rows.append((r["case"], "FAILED", "", "", "", r["error"][:200]))
+            rows.append((r["case"], "FAILED", *[""] * (len(header) - 3), r["error"][:200]))
             continue
         notes = []
         if r["plain_passed"] < r["plain_trials"]:
             notes.append(f"plain passed {r['plain_passed']}/{r['plain_trials']}")
         if r["audit_findings"]:
             notes.append("audit found " + ",".join(r["audit_findings"]))
-        rows.append((r["case"], f"{r['plain_wall_s']:.2f}", f"{r['plain_compile_s']:.2f}",
-                     f"{r['plain_excl_compile_s']:.2f}", f"{r['audit_s']:.2f}",
+        rows.append((r["case"], *(f"{r[k]:.2f}" for k in keys),
                      f"{r['ratio']:.2f}" + (f"  ({'; '.join(notes)})" if notes else "")))
     total = totals(results)
     if total["ratio"] is not None:
-        rows.append(("total", *(f"{total[k]:.2f}" for k in ("plain_wall_s", "plain_compile_s",
-                                                             "plain_excl_compile_s", "audit_s",
-                                                             "ratio"))))
+        rows.append(("total", *(f"{total[k]:.2f}" for k in keys), f"{total['ratio']:.2f}"))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header) - 1)]
     return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
                      for row in (header, *rows))
@@ -202,25 +222,31 @@ def main() -> int:
                         help="default: cuda when torch sees one, else cpu")
     parser.add_argument("--cases", nargs="+", metavar="NAME_OR_DIR")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case; medians reported")
+    parser.add_argument("--sandbox", choices=("both", "on", "off"), default=None,
+                        help="audit without and with the OS sandbox (default: both where it "
+                             "works, else off)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also save the figures here")
     args = parser.parse_args()
     device = resolve_device(args.device or "auto")
     repeat = max(1, args.repeat)
     cases = find_cases(args.cases, device)
+    chosen = args.sandbox or ("both" if sandbox.available() is None else "off")
+    modes = ["off", "on"] if chosen == "both" else [chosen]
     results = []
     with tempfile.TemporaryDirectory(prefix="kaudit-bench-extensions-") as extensions_dir:
         for folder in cases:
             print(f"{folder.name} ...", file=sys.stderr, flush=True)
             try:
-                figures = measure(folder, device, repeat, extensions_dir)
+                figures = measure(folder, device, repeat, extensions_dir, modes)
             except Exception as exc:  # noqa: BLE001 -- one broken case must not stop the others
                 figures = {"error": f"{type(exc).__name__}: {exc}"}
             results.append({"case": folder.name, **figures})
-    print(f"device {device}, repeat {repeat}, median seconds, compile excluded")
+    print(f"device {device}, repeat {repeat}, sandbox {chosen}, median seconds, compile excluded")
     print(table(results))
     if args.json:
-        args.json.write_text(json.dumps({"device": device, "repeat": repeat, "cases": results,
-                                         "total": totals(results)}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"device": device, "repeat": repeat, "sandbox": chosen,
+                                         "cases": results, "total": totals(results)},
+                                        indent=2) + "\n")
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Job start-up benchmark: the wall time of trivial `run_job` jobs (import torch, return its
-version) started in a fresh interpreter (KAUDIT_FORKSERVER=0) and forked by the fork server, in
-one run.
+version) started in a fresh interpreter (KAUDIT_FORKSERVER=0) and forked by the fork server, both
+without the OS sandbox, then forked by the fork server inside the sandbox (where it works), in one
+run.
 
     python bench/job_startup.py [--jobs N (default 10)] [--json]
 
-The fork server's first job, which starts the server, is timed on its own; the mean covers the N
-jobs after it. A kernel audit runs two jobs (reference and candidate).
+The fork server's first job, which starts the server, is timed on its own; the means cover the N
+jobs after it. A kernel audit runs three jobs (reference, candidate and, for a kernel found right,
+its plain run).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
-from kaudit.dynamic import forkserver  # noqa: E402
+from kaudit.dynamic import forkserver, sandbox  # noqa: E402
 from kaudit.dynamic.runner import Job, run_job  # noqa: E402
 
 TRIVIAL_JOB = "def run(args, out_dir):\n    import torch\n    return torch.__version__\n"
@@ -51,17 +53,23 @@ def main() -> int:
         path = Path(tmp) / "trivial.py"
         path.write_text(TRIVIAL_JOB)
         job = Job(f"{path}:run", timeout=300)
+        sandbox.set_mode("off")
         plain = timed_jobs(job, args.jobs, fork_server=False)
         forkserver.shutdown()
         (first,) = timed_jobs(job, 1, fork_server=True)
         if forkserver.server_pid() is None:
             raise SystemExit("the fork server did not start")
         forked = timed_jobs(job, args.jobs, fork_server=True)
+        sandboxed = None
+        if sandbox.available() is None:
+            sandbox.set_mode("on")
+            sandboxed = statistics.mean(timed_jobs(job, args.jobs, fork_server=True))
     plain_mean, forked_mean = statistics.mean(plain), statistics.mean(forked)
     figures = {"jobs": args.jobs, "cores": os.cpu_count(), "plain_mean_s": round(plain_mean, 4),
                "forkserver_first_job_s": round(first, 4),
                "forkserver_mean_s": round(forked_mean, 4),
-               "speedup": round(plain_mean / forked_mean, 1)}
+               "speedup": round(plain_mean / forked_mean, 1),
+               "sandboxed_mean_s": round(sandboxed, 4) if sandboxed is not None else None}
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -69,7 +77,9 @@ def main() -> int:
         for label, value in (("fresh interpreter (KAUDIT_FORKSERVER=0)", f"{plain_mean:.3f} s/job"),
                              ("fork server, first job (starts it)", f"{first:.3f} s"),
                              ("fork server, next jobs", f"{forked_mean:.3f} s/job"),
-                             ("ratio fresh / forked", f"{figures['speedup']} x")):
+                             ("ratio fresh / forked", f"{figures['speedup']} x"),
+                             ("fork server, in the OS sandbox", f"{sandboxed:.3f} s/job"
+                              if sandboxed is not None else "unavailable")):
             print(f"{label:42} {value:>12}")
     return 0
 

@@ -1,13 +1,20 @@
 """Per-file results cached by content: the file's bytes, its display path, kaudit's own code and
 the options that change findings. A re-scan of an unchanged tree reads results instead of
-parsing. Extension sources read from disk (`sources=[...]`) are re-checked on every hit."""
+parsing. Extension sources read from disk (`sources=[...]`) are re-checked on every hit.
+
+Only kaudit's own process writes the cache, and every entry carries an HMAC of its key and value
+under this installation's key (`installation_key`, a file readable by its user only, hidden from
+jobs by the sandbox): an entry written or changed by anything else (a kernel run by the dynamic
+pass) does not verify and is scanned again."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +24,46 @@ from kaudit.discover import WorkItem
 from kaudit.engine import FileResult, digest_file
 from kaudit.findings import Finding, ScanError
 
-_SCHEMA = "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+_SCHEMA = ("CREATE TABLE IF NOT EXISTS signed_results (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+           "mac TEXT NOT NULL)")
+KEY_FILE = "key"
+
+
+def key_folder() -> Path:
+    """Where this installation's key lives: `$XDG_CONFIG_HOME/kaudit` (~/.config/kaudit)."""
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(config) / "kaudit"
+
+
+@functools.cache
+def installation_key() -> bytes:
+    """The secret that signs cache entries (created on first use, mode 0600). Where it cannot be
+    stored, a key for this process only: nothing earlier verifies, so nothing is trusted."""
+    folder = key_folder()
+    path = folder / KEY_FILE
+    try:
+        data = path.read_text(encoding="ascii").strip()
+        if len(data) == 64:
+            return bytes.fromhex(data)
+    except (OSError, ValueError):
+        pass
+    key = secrets.token_bytes(32)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(key.hex())
+    except OSError:
+        pass
+    return key
+
+
+def sign(*parts: str) -> str:
+    """HMAC-SHA256 of `parts` under the installation key."""
+    digest = hmac.new(installation_key(), digestmod=hashlib.sha256)
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()
 
 
 @functools.cache
@@ -56,9 +102,12 @@ class ResultCache:
         return digest.hexdigest()
 
     def get(self, key: str) -> FileResult | None:
-        row = self.db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+        row = self.db.execute("SELECT value, mac FROM signed_results WHERE key = ?",
+                              (key,)).fetchone()
         if row is None:
             return None
+        if not hmac.compare_digest(row[1], sign(key, row[0])):
+            return None  # not written by this installation: scanned again, and replaced
         data = json.loads(row[0])
         if any(digest_file(path) != digest for path, digest in data["dependencies"].items()):
             return None
@@ -74,7 +123,8 @@ class ResultCache:
             "findings": [f.to_dict() for f in result.findings],
             "errors": [e.to_dict() for e in result.errors],
         })
-        self.db.execute("INSERT OR REPLACE INTO results VALUES (?, ?)", (key, value))
+        self.db.execute("INSERT OR REPLACE INTO signed_results VALUES (?, ?, ?)",
+                        (key, value, sign(key, value)))
 
     def close(self) -> None:
         self.db.commit()

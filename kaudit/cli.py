@@ -40,6 +40,12 @@ class OutputFormat(str, enum.Enum):
     markdown = "markdown"
 
 
+class SandboxMode(str, enum.Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 class FailOn(str, enum.Enum):
     error = "error"
     warning = "warning"
@@ -116,6 +122,7 @@ def scan(
     memory_limit: Annotated[Optional[str], typer.Option(help="--dynamic: address-space cap of each child on CPU runs, e.g. 24G, or none (default: the physical memory).")] = None,  # noqa: UP007,E501
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
+    sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     if output_dir is not None:
@@ -126,7 +133,7 @@ def scan(
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
                      timeout, scales=scales, jobs=jobs, artifacts=artifacts,
-                     memory_limit=memory_limit)
+                     memory_limit=memory_limit, sandbox=sandbox)
     shown_from = Level(min_level.value) if min_level else None
     if output_dir is not None:
         _write_all(report, config, output_dir, shown_from)
@@ -174,10 +181,39 @@ def _make_folder(folder: Path, option: str) -> None:
         _usage_error(f"{option}: cannot create {folder}: {exc.strerror or exc}")
 
 
+def _jobs_guarded(mode: SandboxMode):
+    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built is a
+    usage error), stale temporary folders of killed runs removed, SIGTERM unwinding (running jobs
+    killed, temporary folders removed), and kaudit's own code imported and fingerprinted. Returns
+    the fingerprint, for `_refuse_if_changed`."""
+    from kaudit.dynamic import sandbox, scratch
+    from kaudit.dynamic.selfcheck import Installation
+
+    sandbox.set_mode(mode.value)
+    try:
+        sandbox.active()
+    except sandbox.SandboxError as exc:
+        _usage_error(str(exc))
+    scratch.remove_stale()
+    scratch.on_terminate(sandbox.kill_all)
+    scratch.exit_on_sigterm()
+    return Installation.before_jobs()
+
+
+def _refuse_if_changed(installation) -> None:
+    changed = installation.changed()
+    if changed:
+        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+        _usage_error(f"refusing to report: kaudit's own installed code changed during the dynamic "
+                     f"pass ({shown}); a job may have edited it. Reinstall kaudit and scan again "
+                     "with --sandbox on")
+
+
 def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                  problem: Path | None, problems_root: Path | None, tolerance: str | None,
                  atol: float | None, rtol: float | None, timeout: float, *, scales: str,
-                 jobs: int | None, artifacts: Path | None, memory_limit: str | None) -> None:
+                 jobs: int | None, artifacts: Path | None, memory_limit: str | None,
+                 sandbox: SandboxMode = SandboxMode.auto) -> None:
     from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
     from kaudit.dynamic.limits import parse_memory_limit
     from kaudit.dynamic.problems_cli import parse_scales
@@ -203,6 +239,7 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                              scales=scale_factors, jobs=jobs or 1,
                              artifacts_dir=str(artifacts) if artifacts else None,
                              memory_limit=memory)
+    installation = _jobs_guarded(sandbox)
     progress = DelayedProgress("running kernels")
     try:
         run_dynamic([str(p) for p in paths], report, options, config,
@@ -211,6 +248,7 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
         _usage_error(str(exc))
     finally:
         progress.stop()
+    _refuse_if_changed(installation)
 
 
 def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
@@ -431,6 +469,7 @@ def problems(
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
+    sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Run every problem in an OS sandbox (Linux namespaces): auto, on or off.")] = SandboxMode.auto,  # noqa: E501
 ) -> None:
     """Audit benchmark problems: can their correctness check tell a real kernel from a trivial
     one? Each problem runs in a child process; needs torch (the `dynamic` extra)."""
@@ -439,12 +478,14 @@ def problems(
         run_command,
     )
 
+    installation = _jobs_guarded(sandbox)
     try:
         code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,
                            seeds=seeds, scales=scales, timeout=timeout, jobs=jobs,
                            memory_limit=memory_limit,
                            output_format=output_format.value, output=output,
-                           fail_on=fail_on.value if fail_on else None)
+                           fail_on=fail_on.value if fail_on else None,
+                           before_output=lambda: _refuse_if_changed(installation))
     except ProblemsUsageError as exc:
         _usage_error(str(exc))
     raise typer.Exit(code)

@@ -8,15 +8,16 @@ class UnwrittenOutput(DynamicRule):
     ## What it does
     Runs the kernel three times with every fresh allocation (`torch.empty*`, `at::empty*` from C++
     extensions, during construction and forward, on the calling thread and on Python threads
-    started meanwhile) filled with a different
-    sentinel bit pattern: a NaN with a rare payload, a large negative and a large positive finite
-    value (distinctive integers for integer dtypes), plus a repeat of the first run. An output element
-    is unwritten when it equals its run's sentinel, bit for bit, in every run. The message gives the
+    started meanwhile) filled from a different palette of bit patterns drawn from a key made for
+    each scan (NaNs with random payloads, large negative and large positive finite values, a
+    different kind for each element in each run; random values for integer dtypes; no value in
+    two palettes), plus a repeat of the first run. An output element is unwritten when it holds a
+    value of its run's palette, bit for bit, in every run. The message gives the
     count, the fraction and where the unwritten elements lie (the tail, whole rows, whole columns,
     strided or scattered); `metrics` hold the same numbers, and with `--artifacts DIR` a picture
     of the output shows them. Memory from `malloc`/`cudaMalloc`, an operator's internal outputs and
     allocations of C++ threads or older thread pools are not poisoned (see
-    `kaudit.dynamic.poison`).
+    `kaudit.dynamic.harness.poison`).
 
     ## Why is this bad?
     Unwritten elements hold whatever the allocator left there. A harness that allocates with

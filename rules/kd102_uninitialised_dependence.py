@@ -7,11 +7,13 @@ class UninitialisedDependence(DynamicRule):
 
     ## What it does
     In the same poisoned runs as KD101, reports output elements that are written but change with the
-    sentinel that fills fresh allocations, while the repeat run with the same sentinel is bit-identical
-    to the first (so the change is not nondeterminism): the kernel reads memory it never initialised,
-    such as a running maximum whose accumulator comes from `torch.empty`. (An accumulator that
-    is only added to keeps the sentinel's NaN or huge value and shows as unwritten: KD101.) Not
-    reported when KD101 already fires for the output or when the repeat run differs.
+    pattern that fills fresh allocations, while the repeat run with the same pattern (the last of
+    the poisoned runs, the first being the one it repeats, so that an output changing with the
+    number of calls cannot pass for this) is bit-identical to the first (so the change is not
+    nondeterminism): the kernel reads memory it never initialised, such as a running maximum whose
+    accumulator comes from `torch.empty`. (An accumulator that is only added to keeps the pattern's
+    NaN or huge value and shows as unwritten: KD101.) Not reported when KD101 already fires for the
+    output or when the repeat run differs.
 
     ## Why is this bad?
     The answer depends on what the allocator happens to hand out: it can pass on one machine or

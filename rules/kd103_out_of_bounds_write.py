@@ -9,8 +9,8 @@ class OutOfBoundsWrite(DynamicRule):
     In every run of the candidate (the poisoned runs of the write-coverage probe and the
     unpoisoned ones), every contiguous allocation made through the PyTorch dispatcher
     (`torch.empty*`, `at::empty*` in C++ extensions) gets a guard zone of 16 KiB before and after
-    it, filled with a sentinel. After forward, guard elements that no longer hold the sentinel were
-    written out of bounds. The message names the allocation (an
+    it, filled with the run's pattern and copied. After forward, guard elements that differ from
+    the copy were written out of bounds. The message names the allocation (an
     output, or a temporary with its shape and dtype), how many elements were written past its end or
     before its start and how far; with `--artifacts DIR` a picture shows them next to the output.
 

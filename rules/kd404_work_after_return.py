@@ -7,9 +7,11 @@ class WorkAfterReturn(DynamicRule):
 
     ## What it does
     Reports forward returning a `torch.Tensor` subclass or an object that is not a tensor (or a
-    sequence of tensors); output elements that change during the 0.1 s after forward returned and
-    the device was synchronised; and threads started by the kernel module that are still running
-    then. The message names the returned type, the number of elements that changed and the threads.
+    sequence of tensors); output elements that change during a random delay of 0.25-0.75 s after
+    forward returned and the device was synchronised; and Python threads started during any call
+    (a `threading.Timer`, a `_thread` thread, a thread of any module) that are still running when
+    forward returns, less torch's and triton's own and idle thread-pool workers. The message names
+    the returned type, the number of elements that changed and the threads.
 
     ## Why is this bad?
     A harness times forward and compares what it returns. A lazy tensor subclass can do its work, or

@@ -16,6 +16,7 @@ if [[ "${KAUDIT_DYNAMIC:-false}" == "true" ]]; then
   args+=(--dynamic --device "${KAUDIT_DEVICE:-auto}")
   [[ -n "${KAUDIT_TOLERANCE:-}" ]] && args+=(--tolerance "$KAUDIT_TOLERANCE")
   [[ -n "${KAUDIT_PROBLEMS:-}" ]] && args+=(--problems "$KAUDIT_PROBLEMS")
+  args+=(--sandbox "${KAUDIT_SANDBOX:-on}")
 fi
 
 echo "kaudit ${args[*]}" >&2

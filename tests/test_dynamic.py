@@ -22,7 +22,7 @@ from tests.conftest import DYNAMIC_FIXTURES, ROOT, dynamic_fixtures, expected_fi
 torch = pytest.importorskip(
     "torch", reason="kaudit scan --dynamic needs torch (pip install 'kaudit[dynamic]'); CI installs it")
 
-from kaudit.dynamic import sentinels
+from kaudit.dynamic.harness import sentinels
 from kaudit.dynamic.kernels import (
     DynamicOptions,
     GpuSlots,
@@ -43,6 +43,8 @@ CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
 GPU_ONLY_FINDINGS = {"KD403"}
 #: and only a run without CUDA: a kernel that needs CUDA is a KD500 note there, whatever it does
 CPU_ONLY_FINDINGS = {"KD500"}
+#: calls on the candidate's model per fixture
+FIXTURE_CALLS = (8, 12)
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("KAUDIT_TEST_DEVICE=cuda, but torch sees no CUDA device", allow_module_level=True)
 
@@ -61,8 +63,10 @@ def expected_on_device(folder: Path) -> set[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def fixture_runs(tmp_path_factory):
     """Every fixture folder audited once, several at a time (on CUDA spread over the GPUs)."""
-    # on CUDA every candidate job compiles its extension first, many at once
-    options = DynamicOptions(resolve(None, None, None), device=DEVICE,
+    # on CUDA every candidate job compiles its extension first, many at once; fewer calls than the
+    # default dozens keep the Triton interpreter's fixtures within CI time (tests/adversarial
+    # runs the default schedule)
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE, calls=FIXTURE_CALLS,
                              timeout=480 if DEVICE == "cuda" else 240,
                              extensions_dir=str(tmp_path_factory.mktemp("extensions")))
     workers = min(8, os.cpu_count() or 1)
@@ -120,15 +124,19 @@ def test_allocations_are_poisoned_on_the_device(fixture_runs):
     assert fixture_runs["good_pytorch_linear"].metrics["state_matched"] == 2  # weight and bias
 
 
+KEY = "test-key"
+
+
 def _runs(tensor_of_run):
     return [tensor_of_run(run) for run in range(sentinels.RUNS)]
 
 
 def _poisoned(shape, written, dtype=torch.float32):
-    """Outputs of the poisoned runs where `written` (a bool mask) holds 1.0, the sentinel elsewhere."""
+    """Outputs of the poisoned runs where `written` (a bool mask) holds 1.0, run's pattern
+    elsewhere."""
     def make(run):
         out = torch.empty(shape, dtype=dtype)
-        sentinels.fill(out, run)
+        sentinels.fill(out, run, KEY)
         out[written] = 1
         return out
     return _runs(make)
@@ -137,38 +145,57 @@ def _poisoned(shape, written, dtype=torch.float32):
 def test_coverage_patterns():
     mask = torch.zeros(8, 6, dtype=torch.bool)
     mask[::2] = True  # odd rows never written
-    coverage = write_coverage(_poisoned((8, 6), mask))
+    coverage = write_coverage(_poisoned((8, 6), mask), KEY)
     assert coverage["pattern"] == "rows" and coverage["rows_unwritten"] == 4
     mask = torch.ones(8, 7, dtype=torch.bool)
     mask.view(-1)[1::3] = False  # every third element: not whole columns of 7
-    coverage = write_coverage(_poisoned((8, 7), mask, torch.float16))
+    coverage = write_coverage(_poisoned((8, 7), mask, torch.float16), KEY)
     assert coverage["pattern"] == "strided" and coverage["stride"] == 3
     mask = torch.ones(4, 5, dtype=torch.bool)
     mask[:, 4] = False
-    assert write_coverage(_poisoned((4, 5), mask, torch.int32))["pattern"] == "columns"
-    full = write_coverage(_poisoned((4, 5), torch.ones(4, 5, dtype=torch.bool), torch.bfloat16))
+    assert write_coverage(_poisoned((4, 5), mask, torch.int32), KEY)["pattern"] == "columns"
+    full = write_coverage(_poisoned((4, 5), torch.ones(4, 5, dtype=torch.bool), torch.bfloat16),
+                          KEY)
     assert full["unwritten"] == 0 and full["dependent"] == 0 and full["deterministic"]
 
 
-def test_an_element_equal_to_the_sentinel_in_one_run_only_is_written():
+def test_an_element_holding_a_pattern_value_in_one_run_only_is_written():
     runs = [torch.ones(4) for _ in range(sentinels.RUNS)]
-    sentinels.fill(runs[1], 1)  # looks like run 1's sentinel, but not in the other runs
-    coverage = write_coverage(runs)
+    sentinels.fill(runs[1], 1, KEY)  # looks like run 1's pattern, but not in the other runs
+    coverage = write_coverage(runs, KEY)
     assert coverage["unwritten"] == 0 and coverage["dependent"] == 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16,
                                    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
-def test_sentinels_are_distinct_and_the_repeat_run_repeats(dtype):
-    values = [sentinels.fill_value(dtype, run) for run in range(sentinels.RUNS)]
-    assert len(set(values[:3])) == 3 and values[3] == values[0]
-    tensor = torch.empty(3, dtype=dtype)
-    for run in range(3):
-        assert sentinels.fill(tensor, run)
-        if dtype.is_floating_point:
-            assert bool(tensor.isnan().all()) == (run == 0)
-            assert bool(tensor.isfinite().all()) == (run != 0)
-        assert bool((sentinels.as_bits(tensor) == values[run]).all())
+def test_patterns_are_keyed_disjoint_and_the_repeat_run_repeats(dtype):
+    palettes = [set(sentinels.palette(dtype, run, KEY).tolist()) for run in range(sentinels.RUNS)]
+    assert all(len(p) == sentinels.PALETTE for p in palettes)
+    assert not (palettes[0] & palettes[1]) and not (palettes[1] & palettes[2]) \
+        and not (palettes[0] & palettes[2]) and palettes[3] == palettes[0]
+    assert palettes[0] != set(sentinels.palette(dtype, 0, "another scan").tolist())
+    fills = []
+    for run in range(sentinels.RUNS):
+        tensor = torch.empty(5000, dtype=dtype)
+        assert sentinels.fill(tensor, run, KEY, salt=7)
+        bits = sentinels.as_bits(tensor)
+        assert set(bits.tolist()) <= palettes[run] and len(set(bits.tolist())) > 8, \
+            "many values of the run's palette, not one repeated"
+        fills.append(bits)
+    assert torch.equal(fills[3], fills[0]) and not torch.equal(fills[1], fills[0])
+    if dtype.is_floating_point:  # each element a NaN in exactly one of runs 0-2
+        nan = [torch.isnan(f.view(dtype)) for f in fills[:3]]
+        assert bool((nan[0].int() + nan[1].int() + nan[2].int() == 1).all())
+        assert not bool(nan[0].all()), "fresh memory is not all NaN"
+
+
+def test_the_same_allocation_number_gets_the_same_rotation_in_every_run():
+    first, again, other = (torch.empty(100) for _ in range(3))
+    sentinels.fill(first, 0, KEY, salt=3)
+    sentinels.fill(again, 3, KEY, salt=3)
+    sentinels.fill(other, 0, KEY, salt=4)
+    assert torch.equal(sentinels.as_bits(first), sentinels.as_bits(again))
+    assert not torch.equal(sentinels.as_bits(first), sentinels.as_bits(other))
 
 
 def test_pairing_order(tmp_path):
@@ -287,7 +314,7 @@ def test_static_scan_without_dynamic_never_imports_torch_nor_runs_kernels():
             "assert result.exit_code in (0, 1), result.output\n"
             "assert '\"pass\": \"dynamic\"' not in result.output\n"
             "assert 'torch' not in sys.modules, 'the static scan imported torch'\n"
-            "ran = {'kaudit.dynamic.kernels', 'kaudit.dynamic.runner', 'kaudit.dynamic.sentinels'}"
+            "ran = {'kaudit.dynamic.kernels', 'kaudit.dynamic.runner', 'kaudit.dynamic.harness.sentinels'}"
             " & set(sys.modules)\n"
             "assert not ran, ran\n")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,

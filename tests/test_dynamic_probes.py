@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -193,7 +194,7 @@ if DEVICE == "cuda":
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    options = DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=240)
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=240, calls=(8, 12))
 
     def one(name: str):
         body, kernel = CASES[name]
@@ -252,7 +253,9 @@ def test_a_thread_finishing_the_output_is_deferred_work(runs):
     run = runs["thread_finishes_later"]
     finding = only(run, "KD404")
     assert finding.metrics["changed_after_return"] == 800, finding.message
-    assert "0.1 s after forward returned" in finding.message
+    assert "s after forward returned" in finding.message
+    assert 0.25 <= finding.metrics.get("deferred_wait", runs["thread_finishes_later"].metrics[
+        "deferred_wait"]) <= 0.75
 
 
 def test_allocations_on_threads_started_by_forward_are_poisoned(runs):
@@ -305,29 +308,40 @@ def test_several_jobs_keep_the_order_of_the_items(tmp_path):
     assert sorted(progress) == [1, 2, 3] and all(r.status == "no-problem" for r in runs)
 
 
-def test_a_scan_shares_one_content_addressed_build_cache(tmp_path, monkeypatch):
-    """Kernels with the same text (a results tree repeats them) compile once per scan: the scan
-    hands every kernel one build folder, which `audit_kernel` splits by a hash of the text."""
-    from kaudit.api import Report
-    from kaudit.config import Config
-    from kaudit.dynamic import kernels
+def test_kernels_with_the_same_text_share_one_checked_build_folder(tmp_path, monkeypatch):
+    """A results tree repeats kernels: one build folder per kernel text, for one job at a time;
+    a folder whose files changed since the last job (another job replaced a library) is
+    emptied before the next, and a scan's own folders go with the scan."""
+    import hashlib
+    import json
+    import tempfile
 
-    seen = []
+    from kaudit.dynamic.builds import BuildCache
 
-    def record(items, options, device, on_kernel=None):
-        seen.append(options.extensions_dir)
-        assert os.path.isdir(options.extensions_dir)
-        return []
-
-    monkeypatch.setattr(kernels, "audit_items", record)
-    (tmp_path / "kernel.py").write_text("class ModelNew:\n    pass\n")
-    options = DynamicOptions(resolve(None, None, None), device="cpu")
-    kernels.run_dynamic([str(tmp_path)], Report(), options, Config())
-    assert len(seen) == 1 and not os.path.exists(seen[0])  # removed after the scan
-    kernels.run_dynamic([str(tmp_path)], Report(),
-                        DynamicOptions(resolve(None, None, None), extensions_dir=str(tmp_path)),
-                        Config())
-    assert seen[1] == str(tmp_path)  # a cache the caller names is kept
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    builds = BuildCache()
+    with builds.use("kernel A") as first:
+        Path(first, "ext.so").write_bytes(b"built")
+    with builds.use("kernel A") as again, builds.use("kernel B") as other:
+        assert again == first != other and Path(again, "ext.so").read_bytes() == b"built"
+    Path(first, "ext.so").write_bytes(b"replaced by a neighbour")
+    with builds.use("kernel A") as third:
+        assert third == first and not list(Path(third).iterdir()), "emptied, built again"
+    assert builds.discarded == [BuildCache.key("kernel A")]
+    builds.close()
+    assert not Path(first).exists()
+    named = BuildCache(str(tmp_path / "cache"))  # a cache the caller names: kept, signed
+    with named.use("kernel A") as folder:
+        Path(folder, "ext.so").write_bytes(b"built")
+    named.close()
+    assert BuildCache(str(tmp_path / "cache"))._intact(BuildCache.key("kernel A"), Path(folder))
+    manifest = tmp_path / "cache" / f"{BuildCache.key('kernel A')}.manifest"
+    record = json.loads(manifest.read_text())
+    Path(folder, "ext.so").write_bytes(b"replaced")  # and the record rewritten to match, unsigned
+    record["files"] = json.dumps({"ext.so": hashlib.sha256(b"replaced").hexdigest()})
+    manifest.write_text(json.dumps(record))
+    assert not BuildCache(str(tmp_path / "cache"))._intact(BuildCache.key("kernel A"),
+                                                          Path(folder))
 
 
 def test_kernels_in_jsonl_records_run_against_their_ref_code(tmp_path):

@@ -1,5 +1,7 @@
 """The isolated job runner (`kaudit.dynamic.runner`): results, failures as statuses, the scrubbed
-environment, the fresh working folder, the process-group kill and safe loading of outputs."""
+environment, the fresh working folder, the process-group kill and safe loading of outputs. These run
+with the OS sandbox off (jobs write markers into the test's folders); tests/test_sandbox.py runs
+jobs inside it."""
 
 from __future__ import annotations
 
@@ -9,14 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from kaudit.dynamic import forkserver
+from kaudit.dynamic import forkserver, sandbox
 from kaudit.dynamic.runner import CRASHED, ERROR, OK, OOM, TIMEOUT, Job, OutputError, run_job
 
 JOBS = '''
 import json, os, subprocess, sys, time
 
+def grandparent():
+    with open(f"/proc/{os.getppid()}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
 def echo(args, out_dir):
-    return {"args": args, "ppid": os.getppid(), "cwd": os.getcwd(), "env": sorted(os.environ),
+    return {"args": args, "ppid": os.getppid(), "grandparent": grandparent(), "cwd": os.getcwd(),
+            "env": sorted(os.environ),
             "secret": os.environ.get("KAUDIT_TEST_SECRET"),
             "torch_home": os.environ.get("TORCH_HOME"), "files_in_cwd": os.listdir(".")}
 
@@ -67,6 +74,13 @@ def trap(args, out_dir):
 '''
 
 
+@pytest.fixture(autouse=True)
+def no_sandbox():
+    sandbox.set_mode("off")
+    yield
+    sandbox.set_mode("auto")
+
+
 @pytest.fixture
 def jobs(tmp_path) -> Path:
     path = tmp_path / "jobs.py"
@@ -93,7 +107,8 @@ def test_result_and_scrubbed_environment(jobs, monkeypatch):
     assert value["secret"] is None and "AWS_SECRET_ACCESS_KEY" not in value["env"]
     assert value["torch_home"] == "/tmp/torch-home" and "PATH" in value["env"]
     assert value["files_in_cwd"] == [] and value["cwd"] != os.getcwd()
-    assert value["ppid"] == forkserver.server_pid() != os.getpid(), "forked by the fork server"
+    assert value["grandparent"] == forkserver.server_pid() != os.getpid(), \
+        "its supervisor was forked by the fork server"
 
 
 def test_outputs_are_files_in_a_private_folder(jobs, tmp_path, monkeypatch):

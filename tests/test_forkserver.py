@@ -1,6 +1,9 @@
 """The fork server behind `kaudit.dynamic.runner.run_job`: jobs are forked from a process that has
 imported torch, and still get everything a fresh interpreter gave them (environment, isolation,
-limits, statuses), whatever happens to the server."""
+limits, statuses), whatever happens to the server. With the OS sandbox off (jobs write markers
+into the test's folders); tests/test_sandbox.py runs jobs inside it. A job's parent is its
+supervisor; "ppid" below is the supervisor's parent: the server, or kaudit for a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -16,8 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from kaudit.dynamic import forkserver
-from kaudit.dynamic.runner import CRASHED, OK, OOM, TIMEOUT, Job, run_job, scrubbed_environment
+from kaudit.dynamic import forkserver, sandbox
+from kaudit.dynamic.runner import (
+    CRASHED,
+    OK,
+    OOM,
+    TIMEOUT,
+    Job,
+    _python_path,
+    run_job,
+    scrubbed_environment,
+)
 from tests.test_dynamic_runner import alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,31 +39,35 @@ import json, os, resource, subprocess, sys, time
 
 PRELOADED = sorted(m for m in ("torch", "triton") if m in sys.modules)
 
+def server():
+    """The parent of the job's supervisor."""
+    with open(f"/proc/{os.getppid()}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
 def describe(args, out_dir):
     c_environment = subprocess.run(["env", "-0"], capture_output=True, text=True).stdout
-    return {"ppid": os.getppid(), "preloaded": PRELOADED, "cwd": os.getcwd(),
+    return {"ppid": server(), "preloaded": PRELOADED, "cwd": os.getcwd(),
             "sys_path_0": sys.path[0], "environ": dict(os.environ),
-            "c_environ": dict(e.split("=", 1) for e in c_environment.split("\\0") if e),
-            "server_environ": open(f"/proc/{os.getppid()}/environ", "rb").read().decode()}
+            "c_environ": dict(e.split("=", 1) for e in c_environment.split("\\0") if e)}
 
 def patch_torch(args, out_dir):
     import torch
     torch.add = None
     sys.modules["kaudit_leak"] = sys
-    return {"ppid": os.getppid()}
+    return {"ppid": server()}
 
 def read_torch(args, out_dir):
     import torch
-    return {"ppid": os.getppid(), "add_works": torch.add(torch.ones(1), 1).item() == 2.0,
+    return {"ppid": server(), "add_works": torch.add(torch.ones(1), 1).item() == 2.0,
             "leak": "kaudit_leak" in sys.modules}
 
 def park(args, out_dir):
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     with open(args["marker"] + ".tmp", "w") as handle:
-        json.dump({"pid": os.getpid(), "ppid": os.getppid(), "helper": helper.pid}, handle)
+        json.dump({"pid": os.getpid(), "ppid": server(), "helper": helper.pid}, handle)
     os.replace(args["marker"] + ".tmp", args["marker"])
     time.sleep(args.get("seconds", 3600))
-    return {"ppid": os.getppid()}
+    return {"ppid": server()}
 
 def segfault(args, out_dir):
     import ctypes
@@ -59,10 +75,10 @@ def segfault(args, out_dir):
 
 def numbered(args, out_dir):
     time.sleep(0.3)
-    return {"n": args["n"], "pid": os.getpid(), "ppid": os.getppid()}
+    return {"n": args["n"], "pid": os.getpid(), "ppid": server()}
 
 def limits(args, out_dir):
-    return {"as": resource.getrlimit(resource.RLIMIT_AS), "ppid": os.getppid()}
+    return {"as": resource.getrlimit(resource.RLIMIT_AS), "ppid": server()}
 '''
 
 
@@ -76,6 +92,9 @@ def jobs(tmp_path) -> Path:
 @pytest.fixture(autouse=True)
 def fork_server_wanted(monkeypatch):
     monkeypatch.delenv("KAUDIT_FORKSERVER", raising=False)
+    sandbox.set_mode("off")
+    yield
+    sandbox.set_mode("auto")
 
 
 def job(jobs: Path, name: str, **options) -> Job:
@@ -104,15 +123,17 @@ def test_forked_child_sees_exactly_the_scrubbed_and_job_environment(jobs, monkey
     assert value["ppid"] == forkserver.server_pid() != os.getpid()
     assert value["preloaded"] == ["torch"], "torch preloaded, triton not (TRITON_INTERPRET)"
     root = Path(value["cwd"]).parent
+    tmp = root / "tmp"
     expected = scrubbed_environment({
-        "PYTHONPATH": os.pathsep.join(p for p in (str(root / "lib"),
-                                                  os.environ.get("PYTHONPATH")) if p),
+        "PYTHONPATH": _python_path(root / "lib"),
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
-        "TMPDIR": str(root / "tmp"), **job_env})
+        "TMPDIR": str(tmp), "TRITON_CACHE_DIR": str(tmp / "triton"),
+        "XDG_CACHE_HOME": str(tmp / "cache"), "CUDA_CACHE_PATH": str(tmp / "nv"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"), **job_env})
     assert value["environ"] == expected
     assert value["c_environ"] == expected, "programs the job starts inherit the same environment"
     assert value["sys_path_0"] == value["cwd"]
-    assert "hunter2" not in value["server_environ"]
+    assert "hunter2" not in repr(forkserver._current.key), "the server starts scrubbed too"
 
 
 def test_jobs_differing_in_import_time_variables_get_their_own_server(jobs, monkeypatch):
@@ -122,7 +143,7 @@ def test_jobs_differing_in_import_time_variables_get_their_own_server(jobs, monk
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     other = run_ok(job(jobs, "describe"))
     assert other["ppid"] != first["ppid"]
-    assert "OMP_NUM_THREADS=1" in other["server_environ"].split("\0"), \
+    assert ("OMP_NUM_THREADS", "1") in forkserver._current.key, \
         "torch was imported under the job's OMP_NUM_THREADS"
     assert wait_until(lambda: not alive(first["ppid"])), "the replaced server leaves"
 
@@ -216,7 +237,8 @@ def test_disabled_by_environment_variable(jobs, monkeypatch):
 
 
 def _kaudit_process(jobs: Path, marker: Path, seconds: float, tmp: Path) -> subprocess.Popen:
-    code = ("from kaudit.dynamic.runner import Job, run_job\n"
+    code = ("from kaudit.dynamic import sandbox\nsandbox.set_mode('off')\n"
+            "from kaudit.dynamic.runner import Job, run_job\n"
             f"with run_job(Job({str(jobs) + ':park'!r}, {{'marker': {str(marker)!r}, "
             f"'seconds': {seconds}}}, timeout=600)) as result:\n"
             "    assert result.ok, result.describe()\n")
@@ -247,7 +269,8 @@ def test_server_and_its_jobs_leave_when_kaudit_dies(jobs, tmp_path):
     assert parked["ppid"] != process.pid
     assert wait_until(lambda: not any(alive(parked[k]) for k in ("ppid", "pid", "helper")))
     leftovers = [p.name for p in (tmp_path / "tmp").iterdir()]
-    assert not [name for name in leftovers if name.startswith("kaudit-forkserver-")]
+    assert len(leftovers) <= 2, leftovers  # kaudit's folder and a job's: removed by the next
+    # kaudit after a day (scratch.remove_stale); the server removed its own
 
 
 def _empty(folder: Path) -> Path:

@@ -57,9 +57,9 @@ def test_scan_step_with_dynamic_passes_its_inputs_and_writes_both_sarif_files(tm
     outputs = run_action(tmp_path, "fixtures/dynamic/good_pytorch_linear "
                          "fixtures/dynamic/bad_wrong_function", KAUDIT_DYNAMIC="true",
                          KAUDIT_DEVICE="cpu", KAUDIT_TOLERANCE="kernelbench-v0",
-                         KAUDIT_PROBLEMS=str(problems))
+                         KAUDIT_PROBLEMS=str(problems), KAUDIT_SANDBOX="auto")
     assert outputs["command"].endswith(f"--dynamic --device cpu --tolerance kernelbench-v0 "
-                                       f"--problems {problems}")
+                                       f"--problems {problems} --sandbox auto")
     assert outputs["exit-code"] == "1"
     report = tmp_path / "report"
     static, dynamic = (json.loads((report / f"kaudit-{c}.sarif").read_text())
@@ -107,19 +107,21 @@ def test_action_definition_runs_the_script_and_uploads_per_category():
     assert steps[-1]["run"].startswith("exit"), "the gate runs after the uploads"
     inputs = action["inputs"]
     assert {"paths", "fail-on", "baseline"} <= inputs.keys()
-    assert {name: inputs[name]["default"] for name in ("dynamic", "device", "tolerance", "problems")} \
-        == {"dynamic": "false", "device": "auto", "tolerance": "", "problems": ""}
+    names = ("dynamic", "device", "tolerance", "problems", "sandbox")
+    assert {name: inputs[name]["default"] for name in names} \
+        == {"dynamic": "false", "device": "auto", "tolerance": "", "problems": "", "sandbox": "on"}
     assert {f"KAUDIT_{name.upper()}": f"${{{{ inputs.{name} }}}}"
-            for name in ("dynamic", "device", "tolerance", "problems")}.items() <= scan["env"].items()
+            for name in names}.items() <= scan["env"].items()
 
 
 def test_pre_commit_hook():
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "kaudit" and hook["entry"].startswith("kaudit scan")
     assert hook["language"] == "python" and hook["types"] == ["python"]
-    fixture = FIXTURES / "rules" / "KA101" / "bad_copy_kernel_after_pytorch.py"
-    # the `kaudit` script installed next to this interpreter (the virtualenv need not be active)
-    path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
+    fixture = FIXTURES / "rules" / "KA101" / "bad_torch_alias_matmul.py"
+    # pre-commit runs the hook from its own environment: here, the interpreter's (.venv/bin)
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable),
+                                                  os.environ.get("PATH", "")])}
     proc = subprocess.run([*hook["entry"].split(), str(fixture)], capture_output=True, text=True, check=False,
-                          cwd=ROOT, timeout=120, env={**os.environ, "PATH": path})
+                          cwd=ROOT, timeout=120, env=env)
     assert proc.returncode == 1 and "KA101" in proc.stdout

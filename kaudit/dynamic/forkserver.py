@@ -1,25 +1,14 @@
-"""A fork server for `kaudit.dynamic.runner`: one process that has imported torch once and forks a
-child per job, so a job starts in milliseconds instead of paying a fresh `import torch`.
+"""A fork server for the dynamic pass, kaudit's side: one process that has imported torch once and
+forks a job's supervisor per job, so a job starts in milliseconds instead of paying a fresh
+`import torch`. The server's own side is `kaudit.dynamic.harness.server`.
 
-Parent side (`launch`, used by `runner.run_job` from any number of threads): the first job starts
-the server (`python -m kaudit.dynamic.forkserver`) in its own session, with the job's scrubbed
-environment, and waits for it to say it is ready. Requests go to the server's stdin and replies come
-from its stdout, one JSON object a line; a reader thread hands each reply to the job waiting for it.
-The parent enforces the timeout itself: it SIGKILLs the child and then its process group
-(`os.killpg` needs no parent-child relation, only the same user).
-
-Server side (`serve`): imports torch and `kaudit.dynamic.child`, then runs a single-threaded loop
-(a selector over the request pipe and a SIGCHLD wake-up pipe; no threads, because it forks). It
-never initialises CUDA, runs no torch op (so no OpenMP pool exists when it forks; OpenBLAS, loaded
-by numpy, stops its threads itself before a fork) and does not import triton, whose
-`TRITON_INTERPRET` is read at import. For each request it forks a child that calls `os.setsid()`,
-enters the job's working folder, puts /dev/null and the capture files on fds 0, 1 and 2, closes the
-server's descriptors, replaces the environment by the job's (also the C-level one that subprocesses
-inherit) and `sys.path`'s working-folder and kaudit-link entries by the job's, then runs
-`kaudit.dynamic.child.main`, which leaves with `os._exit`. The server replies
-`{"id", "pid"}` right after the fork and `{"id", "returncode"}` (negative: killed by that signal,
-as `subprocess` reports it) once it has reaped the child. When its stdin reaches EOF (kaudit closed
-it, or kaudit died) it kills the process groups of the children still running and exits.
+`launch` (used by `sandbox.launch` from any number of threads): the first job starts the server
+(`python -m harness.server ROOT`, from a copy of the harness package in its own neutral folder) in
+its own session, with the job's scrubbed environment, and waits for it to say it is ready. Requests
+go to the server's stdin and replies come from its stdout, one JSON object a line; a reader thread
+hands each reply to the job waiting for it. The parent enforces the timeout itself: it SIGKILLs the
+job's supervisor and then its process group (`os.killpg` needs no parent-child relation, only the
+same user); processes that left the group come back to the server, a subreaper, which kills them.
 
 Variables read while torch is imported (OMP_NUM_THREADS, TORCH_*, LD_LIBRARY_PATH, locale ...)
 cannot change after the fork: a server serves only jobs whose environment matches its own apart from
@@ -38,23 +27,23 @@ import atexit
 import itertools
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple
+
+from kaudit.dynamic import scratch
 
 #: variables a forked child may set differently from its server: nothing reads them while torch
 #: is imported (CUDA is not initialised and triton not imported in the server)
-JOB_ENV = ("TMPDIR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+JOB_ENV = ("TMPDIR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR",
+           "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH")
 JOB_ENV_PREFIXES = ("TRITON_",)
 #: seconds the server may take to import torch and say it is ready
 START_TIMEOUT = 120.0
@@ -251,13 +240,11 @@ class _Server:
 
     @classmethod
     def start(cls, key: tuple) -> _Server:
-        root = Path(tempfile.mkdtemp(prefix="kaudit-forkserver-"))
+        root = scratch.folder()
         work, tmp, lib = root / "work", root / "tmp", root / "lib"
         for folder in (work, tmp, lib):
             folder.mkdir()
-        # jobs use their own link to kaudit; the server needs one that lives as long as it does
-        package = Path(__file__).resolve().parent.parent
-        (lib / "kaudit").symlink_to(package, target_is_directory=True)
+        copy_harness(lib)  # jobs get their own copy; the server needs one that lives with it
         env = dict(key)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(lib), env["PYTHONPATH"]) if p)
         env["TMPDIR"] = str(tmp)
@@ -265,14 +252,14 @@ class _Server:
         try:
             with open(log, "wb") as stderr:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "kaudit.dynamic.forkserver", str(root)], cwd=work,
+                    [sys.executable, "-m", "harness.server", str(root)], cwd=work,
                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                     start_new_session=True, close_fds=True)
         except OSError as exc:
-            shutil.rmtree(root, ignore_errors=True)
+            scratch.remove(root)
             raise Unavailable(f"cannot start the fork server: {exc}") from exc
         server = cls(key, process, root)
-        threading.Thread(target=server._read_replies, name="kaudit-forkserver-replies",
+        threading.Thread(target=server._read_replies, name="forkserver-replies",
                          daemon=True).start()
         if not server.ready.wait(START_TIMEOUT) or server.dead:
             why = _last_line(log) or f"not ready within {START_TIMEOUT:.0f} s"
@@ -332,7 +319,7 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.kill()
             self.process.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
+        scratch.remove(self.root)
 
     def _read_replies(self) -> None:
         assert self.process.stdout is not None
@@ -384,129 +371,7 @@ def _last_line(path: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
-# -- server side ---------------------------------------------------------------------------------
-
-def serve(root: str) -> NoReturn:
-    """The server's main loop (`python -m kaudit.dynamic.forkserver ROOT`, its private folder)."""
-    # the protocol moves to private descriptors; fd 0 becomes /dev/null and fd 1 the log, so
-    # nothing the server's imports print can corrupt a reply, nor a child inherit buffered requests
-    requests, replies = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
-    import torch
-
-    from kaudit.dynamic import child
-
-    if torch.cuda.is_initialized() or "triton" in sys.modules:  # e.g. by a sitecustomize
-        sys.exit("CUDA initialised or triton imported at start-up: a forked job could not set "
-                 "CUDA_VISIBLE_DEVICES or TRITON_INTERPRET")
-
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a Python handler, so the wake-up fd is written
-    signal.set_wakeup_fd(wake_write)
-    selector = selectors.DefaultSelector()
-    selector.register(requests, selectors.EVENT_READ)
-    selector.register(wake_read, selectors.EVENT_READ)
-
-    def close_server() -> None:
-        selector.close()
-        for fd in (requests, replies, wake_read, wake_write):
-            os.close(fd)
-
-    # what the child replaces by its job's: the server's own working folder and kaudit link
-    sys_path_swap = {sys.path[0]: "cwd",
-                     os.path.abspath(os.environ["PYTHONPATH"].split(os.pathsep)[0]): "lib"}
-    children: dict[int, int] = {}  # pid -> request id
-    _send(replies, {"ready": os.getpid()})
-    pending = b""
-    while True:
-        for key, _ in selector.select():
-            if key.fd == wake_read:  # a SIGCHLD: reaped below
-                os.read(wake_read, 4096)
-                continue
-            data = os.read(requests, 1 << 16)
-            if not data:  # kaudit closed the pipe, or died: nobody will read the results
-                for pid in children:
-                    _kill_job(pid)
-                shutil.rmtree(root, ignore_errors=True)  # kaudit may not be there to do it
-                os._exit(0)
-            *lines, pending = (pending + data).split(b"\n")
-            for line in lines:
-                request = json.loads(line)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    _send(replies, {"id": request["id"], "error": str(exc)})
-                    continue
-                if pid == 0:
-                    _become_job(request, close_server, sys_path_swap, child)
-                children[pid] = request["id"]
-                _send(replies, {"id": request["id"], "pid": pid})
-        _reap(children, replies)
-
-
-def _reap(children: dict[int, int], replies: int) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        number = children.pop(pid, None)
-        if number is not None:
-            _send(replies, {"id": number, "returncode": os.waitstatus_to_exitcode(status)})
-
-
-def _send(fd: int, message: dict) -> None:
-    data = json.dumps(message).encode() + b"\n"
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _become_job(request: dict, close_server: Callable[[], None], sys_path_swap: dict[str, str],
-                child: ModuleType) -> NoReturn:
-    """In the forked child: turn into the process `python -m kaudit.dynamic.child` would be."""
-    try:
-        os.setsid()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        close_server()  # a job holding the reply pipe would hide the server's death from kaudit
-        os.chdir(request["cwd"])
-        _redirect(0, os.devnull, os.O_RDONLY)
-        _redirect(1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        _redirect(2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        _replace_environment(request["env"])
-        sys.path[:] = [request[sys_path_swap[p]] if p in sys_path_swap else p for p in sys.path]
-        sys.argv = [child.__file__, request["spec"]]
-        child.main(sys.argv)
-    except BaseException:  # noqa: BLE001 - report on the job's stderr, never return to the loop
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-    os._exit(127)
-
-
-def _redirect(target: int, path: str, flags: int) -> None:
-    fd = os.open(path, flags, 0o666)
-    os.dup2(fd, target)
-    os.close(fd)
-
-
-def _replace_environment(env: Mapping[str, str]) -> None:
-    """Make the job's environment the whole environment, for Python and for the C library (which
-    programs the job starts inherit), and forget the temporary folder chosen from the old one."""
-    os.environ.clear()
-    os.environ.update(env)
-    tempfile.tempdir = None
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])
+def copy_harness(lib: Path) -> None:
+    """The job-side package, as `lib/harness`: what jobs import, under a name of its own."""
+    source = Path(__file__).resolve().parent / "harness"
+    shutil.copytree(source, lib / "harness", ignore=shutil.ignore_patterns("__pycache__"))

@@ -1,27 +1,34 @@
 """Judging a kernel's dynamic run, in the kaudit process: from the tensors and facts the candidate
-child handed back (`kaudit.dynamic.kernel_job`) and the reference outputs, the KD findings.
+job handed back (`kaudit.dynamic.harness.kernel_job`), the plain run (`harness.plain_run`) and the
+reference outputs, the KD findings.
 
-`judge` reads the candidate's files (poisoned runs, plain run, second calls, scaled runs, guard-zone
-masks) and reports, per output: write coverage (KD101/KD102, compared as bit patterns), writes into
-guard zones (KD103), correctness against the preset and a scale-invariant check (KD201/KD202),
-scale fragility against a float64 reference (KD301), stale output (KD401), input mutation
-(KD402), side-stream races (KD403) and work after return (KD404); a failed candidate is KD501.
+`judge` reads the candidate's files (poisoned runs, plain run, the A call that differed most from
+the first, second calls, scaled runs, guard-zone masks), each refused unloaded when it is larger
+than the tensors it should hold, and reports, per output: write coverage (KD101/KD102, compared as
+bit patterns against the scan's keyed palettes), writes into guard zones (KD103), correctness
+against the preset and a scale-invariant check (KD201/KD202, also for a later call that differed),
+scale fragility against a float64 reference (KD301), stale output (KD401), input mutation on any
+call (KD402), side-stream races (KD403), work after return (KD404), tampering with the harness
+(KD405) and a plain run that disagrees with the watched ones (KD406); a failed candidate is KD501,
+an audit stopped by a full disk KD504.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
+import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kaudit.dynamic import sentinels
-from kaudit.dynamic.kernel_job import DEFERRED_WAIT
+from kaudit.dynamic.harness import sentinels
 from kaudit.dynamic.probes import passes
-from kaudit.dynamic.runner import OutputError, RunResult
+from kaudit.dynamic.runner import OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
-from kaudit.findings import Location
+from kaudit.findings import Level, Location
 from kaudit.rule import rule_by_code
 
 if TYPE_CHECKING:
@@ -29,6 +36,10 @@ if TYPE_CHECKING:
 
 #: KD103 findings per kernel at most (one per allocation)
 MAX_OOB = 5
+#: what a saved file may hold beyond its tensors' bytes (the archive's own structure)
+OUTPUT_SLACK = 1 << 20
+#: an OSError with one of these stopped an audit through no fault of the kernel: KD504
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 #: scale-invariant thresholds by output dtype: (relative L2 error, max error / max |reference|)
 SCALE_FREE = {"float64": (1e-6, 1e-5), "float32": (1e-3, 1e-2), "float16": (1e-2, 5e-2),
               "bfloat16": (5e-2, 1e-1)}
@@ -54,13 +65,31 @@ def failure_metrics(result: RunResult) -> dict[str, Any]:
             "stderr_tail": result.stderr_tail[-1500:] or None}
 
 
-def load_any(result: RunResult, name: str) -> list:
-    data = torch.load(result.path(name), map_location="cpu", weights_only=True)
-    return list(data)
+def load_any(result: RunResult, name: str, max_bytes: int | None = None) -> list:
+    return list(result.load(name, max_bytes))
+
+
+def size_limit(tensors: list) -> int:
+    """The largest file that can hold `tensors` (and nothing else)."""
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)) \
+        + OUTPUT_SLACK
+
+
+def disk_full(result: RunResult) -> bool:
+    return result.errno in DISK_ERRNOS
+
+
+def not_audited(add: Adder, result: RunResult, what: str) -> None:
+    """KD504: the job stopped on a full disk (or quota), not on anything the kernel did."""
+    add("KD504", f"not audited: {os.strerror(result.errno or errno.ENOSPC)} where kaudit's "
+        f"temporary folders are: the {what} could not write its files ({result.describe()})",
+        errno=result.errno, **failure_metrics(result))
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
-          scaled_refs: list[dict], options: Any) -> None:
+          scaled_refs: list[dict], options: Any) -> list | None:
+    """The findings of the candidate job; returns its first call's outputs when it could judge
+    them (for `second_opinion`)."""
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -68,6 +97,10 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
                 candidate.phase = candidate.path("phase.txt").read_text(encoding="utf-8")[:40]
             except (OSError, FileNotFoundError):
                 pass
+        if disk_full(candidate):
+            run.status = "incomplete"
+            not_audited(add, candidate, "kernel's job")
+            return
         if candidate.error_type == "DeferredOutputError":
             add("KD404", f"deferred work: {candidate.error}", returned=candidate.error)
             return
@@ -77,23 +110,37 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
             candidate.phase = what  # describe() names the phase
         add("KD501", f"the kernel {candidate.describe()}", **failure_metrics(candidate))
         return
+    info = candidate.value if isinstance(candidate.value, dict) else {}
+    ref_a, ref_b = refs["a"], refs["b"]
+    mutated = info.get("mutated") if isinstance(info.get("mutated"), dict) else None
     try:
-        poisoned = [candidate.load_tensors(f"poison{r}.pt") for r in range(sentinels.RUNS)]
-        plain = candidate.load_tensors("plain.pt")
-        fresh, same = candidate.load_tensors("fresh.pt"), candidate.load_tensors("same.pt")
-        after = load_any(candidate, "inputs_after.pt")
-        scaled = [candidate.load_tensors(f"scaled_{s['key']}.pt") for s in scaled_refs]
-        oob = {index: load_any(candidate, f"oob{index}.pt") for index in range(len(plain))
-               if f"oob{index}.pt" in candidate.files()}
+        poisoned = [candidate.load_tensors(f"poison{r}.pt", size_limit(ref_a))
+                    for r in range(sentinels.RUNS)]
+        plain_a = candidate.load_tensors("plain.pt", size_limit(ref_a))
+        fresh = candidate.load_tensors("fresh.pt", size_limit(ref_b))
+        same = candidate.load_tensors("same.pt", size_limit(ref_b))
+        worst = candidate.load_tensors("a_worst.pt", size_limit(ref_a)) \
+            if "a_worst.pt" in candidate.files() else None
+        after = load_any(candidate, "inputs_after.pt",
+                         size_limit(inputs.get(mutated["inputs"], []))) \
+            if mutated and mutated.get("inputs") in inputs else None
+        scaled = [candidate.load_tensors(f"scaled_{s['key']}.pt", size_limit(s["native"]))
+                  for s in scaled_refs]
+        oob = {index: load_any(candidate, f"oob{index}.pt", OUTPUT_SLACK)
+               for index in range(len(plain_a)) if f"oob{index}.pt" in candidate.files()}
+    except OversizedOutput as exc:
+        run.status = "failed"
+        add("KD405", f"tampering: an output file of the kernel's job is {exc}",
+            reason="oversized-output")
+        return
     except (OutputError, FileNotFoundError) as exc:
         run.status = "failed"
         add("KD501", f"the kernel's outputs could not be read: {exc}")
         return
     run.status = "ok"
-    info = candidate.value or {}
-    run.metrics.update({k: v for k, v in info.items() if not isinstance(v, list)})
-    ref_a, ref_b = refs["a"], refs["b"]
-    layout = _layout_problem(ref_a, plain)
+    run.metrics.update({k: v for k, v in info.items() if not isinstance(v, (list, dict))})
+    _tampering(add, info.get("tampered") or [])
+    layout = _layout_problem(ref_a, plain_a)
     if layout:
         add("KD202", f"wrong output: {layout}", reason="layout")
         return
@@ -101,11 +148,20 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, unwritten, options)
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
-    correct = not incomplete and _correctness(add, ref_a, plain, options.tolerance)
-    stale = _stale(add, ref_a, ref_b, plain, fresh, same, options.tolerance)
+    correct = not incomplete and _correctness(add, ref_a, plain_a, options.tolerance)
+    if correct and worst is not None:
+        correct = _correctness(add, ref_a, worst, options.tolerance,
+                               call=info.get("worst_call"), calls=info.get("calls"))
+    stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
     if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
-    _mutation(add, inputs["a"], after)
+    if after is not None and mutated is not None:
+        _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"))
+    return plain_a
+
+
+def rejected(run: KernelRun) -> bool:
+    return any(f.level is Level.ERROR for f in run.findings)
 
 
 def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
@@ -118,8 +174,8 @@ def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
         runs = [p[index] for p in poisoned]
         if any(r.shape != ref.shape or r.dtype != ref.dtype for r in runs):
             continue
-        mask = masks[index] = unwritten_mask(runs)
-        coverage = write_coverage(runs, mask)
+        mask = masks[index] = unwritten_mask(runs, options.key)
+        coverage = write_coverage(runs, options.key, mask)
         name = _output_name(index, reference)
         if coverage["unwritten"]:
             incomplete = True
@@ -128,14 +184,14 @@ def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
                                f"never written")
             add("KD101", f"{name} ({_describe_tensor(ref)}): {coverage['unwritten']} of "
                 f"{coverage['numel']} elements ({100 * coverage['fraction']:.3g} %) were never "
-                f"written in {sentinels.RUNS - 1} runs with different sentinels; "
+                f"written in {sentinels.RUNS - 1} runs with different keyed patterns; "
                 f"{coverage['where']}", output=index, artifact=picture, **coverage)
         elif coverage["dependent"] and coverage["deterministic"]:
             incomplete = True
             add("KD102", f"{name} ({_describe_tensor(ref)}): {coverage['dependent']} of "
                 f"{coverage['numel']} elements ({100 * coverage['dependent_fraction']:.3g} %) "
-                f"change with the sentinel that fills fresh allocations, while a repeat run with "
-                f"the same sentinel is bit-identical: the output depends on uninitialised memory",
+                f"change with the pattern that fills fresh allocations, while a repeat run with "
+                f"the same pattern is bit-identical: the output depends on uninitialised memory",
                 output=index, **coverage)
     return incomplete, masks
 
@@ -175,6 +231,63 @@ def _out_of_bounds(add: Adder, violations: list[dict], reference: list, oob: dic
             dtype=dtype, written_after=after, written_before=before, artifact=picture)
 
 
+def _tampering(add: Adder, tampered: list) -> None:
+    """KD405: what the job found rebound after a call."""
+    if tampered:
+        names = [str(t) for t in tampered[:12]]
+        add("KD405", f"tampering: after a call, the kernel had replaced what the harness relies "
+            f"on: {', '.join(names)}{' ...' if len(tampered) > 12 else ''}",
+            tampered=names, reason="rebound")
+
+
+def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
+                   tolerance: Tolerance) -> None:
+    """KD406: the plain run (no poisoning, no watching, a few calls) of a kernel the watched calls
+    found right fails a check its first watched call passed: the preset's allclose, or the
+    scale-invariant check."""
+    if not plain.ok:
+        if disk_full(plain):
+            not_audited(add, plain, "plain run")
+            return
+        add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
+            f"but in a plain run the kernel {plain.describe()}", **failure_metrics(plain))
+        return
+    calls = sorted((n for n in plain.files() if re.fullmatch(r"run\d+\.pt", n)),
+                   key=lambda n: int(n[3:-3]))
+    for name in calls:
+        try:
+            outputs = plain.load_tensors(name, size_limit(reference))
+        except OutputError as exc:
+            add("KD406", f"only right when watched: the plain run's outputs are unusable: {exc}")
+            return
+        wrong = _layout_problem(reference, outputs) or next(
+            (problem for index, ref in enumerate(reference)
+             for problem in [_worse(index, ref, watched[index], outputs[index], reference,
+                                    tolerance)] if problem), None)
+        if wrong:
+            call = int(name[3:-3]) + 1
+            add("KD406", f"only right when watched: the watched calls gave the reference's "
+                f"answer, but in a plain run (no poisoning, {len(calls)} calls) call {call} is "
+                f"wrong: {wrong}", call=call, calls=len(calls))
+            return
+
+
+def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
+           tolerance: Tolerance) -> str | None:
+    """What the plain output fails that the watched one passed, or None."""
+    atol, rtol = tolerance.for_dtype(_dtype(reference))
+    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
+    name = _output_name(index, outputs)
+    if passes(reference, watched, atol, rtol) and not passes(reference, plain, atol, rtol):
+        return f"{name} fails {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g})"
+    rel, ratio = scale_free_errors(reference, plain)
+    watched_rel, watched_ratio = scale_free_errors(reference, watched)
+    if watched_rel <= rel_limit and watched_ratio <= ratio_limit and \
+            (rel > rel_limit or ratio > ratio_limit):
+        return f"{name} has relative L2 error {_num(rel)} (limit {rel_limit:g})"
+    return None
+
+
 def _deferred(add: Adder, info: dict) -> None:
     """KD404: a tensor subclass returned, the output changing after return, kernel threads alive."""
     if info.get("returned"):
@@ -186,10 +299,12 @@ def _deferred(add: Adder, info: dict) -> None:
     if changed or threads:
         parts = []
         if changed:
-            parts.append(f"{changed} output elements changed during the {DEFERRED_WAIT:g} s "
-                         f"after forward returned (and the device was synchronised)")
+            parts.append(f"{changed} output elements changed during the "
+                         f"{info.get('deferred_wait', 0):g} s after forward returned (and the "
+                         f"device was synchronised)")
         if threads:
-            parts.append(f"threads the kernel started are still running: {', '.join(threads)}")
+            parts.append(f"threads started during forward were still running when it "
+                         f"returned: {', '.join(threads[:8])}")
         add("KD404", f"deferred work: {'; '.join(parts)}", changed_after_return=changed or None,
             lingering_threads=threads or None)
 
@@ -261,25 +376,24 @@ def _layout_problem(reference: list, candidate: list) -> str | None:
     return None
 
 
-def unwritten_mask(runs: list) -> Any:
-    """Flat bool mask of the elements equal to their run's sentinel in every poisoned run (run i
-    filled with sentinel i, the last run repeating the first sentinel); all False for dtypes that
-    are not poisoned."""
+def unwritten_mask(runs: list, key: str) -> Any:
+    """Flat bool mask of the elements holding a value of their run's palette in every poisoned
+    run (palettes keyed by `key`, disjoint between runs 0-2, run 3 repeating run 0); all False for
+    dtypes that are not poisoned."""
     dtype = runs[0].dtype
     bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
+    if not sentinels.poisoned(dtype):
+        return torch.zeros(bits[0].numel(), dtype=torch.bool)
     unwritten = torch.ones(bits[0].numel(), dtype=torch.bool)
     for run, value in enumerate(bits):
-        fill = sentinels.fill_value(dtype, run)
-        if fill is None:
-            return torch.zeros(bits[0].numel(), dtype=torch.bool)
-        unwritten &= value == fill
+        unwritten &= sentinels.in_palette(value, dtype, run, key)
     return unwritten
 
 
-def write_coverage(runs: list, unwritten: Any = None) -> dict[str, Any]:
+def write_coverage(runs: list, key: str, unwritten: Any = None) -> dict[str, Any]:
     """Bit-level coverage of one output over the poisoned runs (see `unwritten_mask`)."""
     if unwritten is None:
-        unwritten = unwritten_mask(runs)
+        unwritten = unwritten_mask(runs, key)
     bits = [sentinels.as_bits(r).reshape(-1) for r in runs]
     numel = bits[0].numel()
     distinct = [r for r in range(len(bits)) if sentinels.sentinel_run(r) == r]
@@ -296,7 +410,7 @@ def write_coverage(runs: list, unwritten: Any = None) -> dict[str, Any]:
             "dependent": int(dependent.sum()),
             "dependent_fraction": round(int(dependent.sum()) / numel, 6) if numel else 0.0,
             "deterministic": repeat_same,
-            "poisoned_dtype": sentinels.fill_value(runs[0].dtype, 0) is not None,
+            "poisoned_dtype": sentinels.poisoned(runs[0].dtype),
             **_where(unwritten, shape)}
 
 
@@ -356,8 +470,16 @@ def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
     return rel, ratio
 
 
-def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance) -> bool:
-    """KD201/KD202 per output; True when every output passes both checks."""
+def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance,
+                 call: int | None = None, calls: int | None = None) -> bool:
+    """KD201/KD202 per output; True when every output passes both checks. `call`: a later call
+    of `calls` (the one that differed most from the first), named in the message."""
+    if len(reference) != len(candidate) or any(
+            r.shape != c.shape or r.dtype != c.dtype for r, c in zip(reference, candidate)):
+        add("KD202", f"wrong output: on call {call} of {calls}, "
+            f"{_layout_problem(reference, candidate)}", reason="layout", call=call)
+        return False
+    when = f" on call {call} of {calls} (the first call was right)" if call else ""
     correct = True
     for index, (ref, out) in enumerate(zip(reference, candidate)):
         dtype = _dtype(ref)
@@ -373,14 +495,14 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
                    f"{peak:.3g}")
         metrics = {"output": index, "relative_l2": _finite(rel), "max_error_ratio": _finite(ratio),
                    "max_abs_reference": peak, "atol": atol, "rtol": rtol,
-                   "tolerance": tolerance.name}
+                   "tolerance": tolerance.name, "call": call}
         correct = correct and scale_ok
         if preset and not scale_ok:
-            add("KD201", f"{name} passes {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g}) "
-                f"only through its absolute part: {numbers}", **metrics)
+            add("KD201", f"{name}{when} passes {tolerance.name} allclose (atol {atol:g}, rtol "
+                f"{rtol:g}) only through its absolute part: {numbers}", **metrics)
         elif not preset and not scale_ok:
-            add("KD202", f"wrong output: {name} fails {tolerance.name} allclose (atol {atol:g}, "
-                f"rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
+            add("KD202", f"wrong output{when}: {name} fails {tolerance.name} allclose (atol "
+                f"{atol:g}, rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
     return correct
 
 
@@ -403,20 +525,22 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
     return False
 
 
-def _mutation(add: Adder, before: list, after: list) -> None:
+def _mutation(add: Adder, before: list, after: list, call: int | None = None) -> None:
+    """KD402, from the inputs of the first call that changed them (compared here, again)."""
+    when = f" (call {call})" if call else ""
     for index, (old, new) in enumerate(zip(before, after)):
         if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
             continue
         if old.shape != new.shape or old.dtype != new.dtype:
-            add("KD402", f"input {index} changed shape or dtype during forward",
-                input=index)
+            add("KD402", f"input {index} changed shape or dtype during forward{when}",
+                input=index, call=call)
             continue
         changed = sentinels.as_bits(old) != sentinels.as_bits(new)
         count = int(changed.sum())
         if count:
-            add("KD402", f"input {index} ({_describe_tensor(old)}) was modified by forward: "
-                f"{count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) differ "
-                f"afterwards", input=index, changed=count, numel=old.numel())
+            add("KD402", f"input {index} ({_describe_tensor(old)}) was modified by forward"
+                f"{when}: {count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) "
+                f"differ afterwards", input=index, changed=count, numel=old.numel(), call=call)
 
 
 def _output_name(index: int, outputs: list) -> str:

@@ -7,12 +7,17 @@ For every kernel file the static scan read, this module (in the kaudit process):
    looked up as `ROOT/level<L>/<P>_*.py` under `--problems ROOT`. None: a KD502 note;
 2. decides, before anything is compiled, whether the kernel needs CUDA (`cuda_reason`); on a
    machine without CUDA such a kernel gets a KD500 note;
-3. runs the reference problem in one child job (`kernel_job.run_reference`) and the candidate in
-   another (`kernel_job.run_candidate`), which receives copies of the inputs and never the
-   reference outputs; both hand back tensors loaded here with `weights_only=True`;
+3. runs the reference problem in one job (`harness.kernel_job.run_reference`), the candidate in
+   another (`run_candidate`: copies of the inputs, of the init inputs and of Model's state, never
+   a reference output; dozens of calls in a keyed random order, four of them poisoned), and, when
+   the candidate finished, a plain run of the kernel in a third (`harness.plain_run`); all hand
+   back tensors loaded here with `weights_only=True`, refused unloaded when larger than expected.
+   The candidate and the plain run compile into the kernel text's build folder
+   (`kaudit.dynamic.builds`), checked before each reuse;
 4. judges here (`kaudit.dynamic.judge`): write coverage, guard zones, correctness, scale
-   fragility, stale output, input mutation, side streams, work after return (KD1xx-KD4xx);
-   failures are KD501 (candidate) or KD503 (reference).
+   fragility, stale output, input mutation, side streams, work after return, tampering and a plain
+   run that disagrees (KD1xx-KD4xx); failures are KD501 (candidate) or KD503 (reference). An audit
+   that could not complete (a full disk, an error in kaudit) is KD504, and the scan goes on.
 
 Kernels run `DynamicOptions.jobs` at a time, on CUDA spread over the visible GPUs (`GpuSlots`).
 
@@ -23,13 +28,11 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import dataclasses
-import hashlib
 import json
 import os
+import random
 import re
-import shutil
-import tempfile
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,15 +42,32 @@ from pathlib import Path
 from typing import Any
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic.judge import Adder, failure_metrics, judge, load_any
+from kaudit.dynamic import scratch
+from kaudit.dynamic.builds import BuildCache
+from kaudit.dynamic.judge import (
+    Adder,
+    disk_full,
+    failure_metrics,
+    judge,
+    load_any,
+    not_audited,
+    rejected,
+    second_opinion,
+)
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
+from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location
 
-REFERENCE_TARGET = "kaudit.dynamic.kernel_job:run_reference"
-CANDIDATE_TARGET = "kaudit.dynamic.kernel_job:run_candidate"
+REFERENCE_TARGET = "kernel_job:run_reference"
+CANDIDATE_TARGET = "kernel_job:run_candidate"
+PLAIN_TARGET = "plain_run.py:run"
+#: calls on the candidate's plain model, drawn per kernel in this range (plus 4 poisoned runs)
+CALLS = (24, 40)
+#: calls in the plain run (KD406)
+PLAIN_CALLS = 3
 SIBLING_PROBLEMS = ("problem.py", "ref_code.py", "reference.py")
 INIT_SEED = 42
 INPUT_SEEDS = (0, 1)
@@ -80,6 +100,10 @@ class DynamicOptions:
     artifacts_dir: str | None = None
     #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
     memory_limit: int | None = None
+    #: the scan's secret: the keyed poisoning patterns and call schedules (a new one per scan)
+    key: str = field(default_factory=lambda: secrets.token_hex(16))
+    #: calls on the candidate's plain model: drawn per kernel in this range
+    calls: tuple[int, int] = CALLS
 
 
 @dataclass
@@ -192,6 +216,17 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
             continue
         if "ModelNew" in text:
             work.append((item, text))
+    builds = BuildCache(options.extensions_dir)
+    try:
+        return _audit_work(work, options, device, builds, on_kernel)
+    finally:
+        builds.close()
+
+
+def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, device: str,
+                builds: BuildCache,
+                on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None
+                ) -> list[KernelRun]:
     slots = GpuSlots(options.jobs) if device == "cuda" else None
     done = [0]
     lock = threading.Lock()
@@ -203,13 +238,15 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
         with contextlib.ExitStack() as stack:
             file = item.file
             if item.text is not None:
-                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="kaudit-record-"))
-                file = _materialise_record(item, text, folder)
+                folder = scratch.folder()  # a neutral name: the job sees this path
+                stack.callback(scratch.remove, folder)
+                file = _materialise_record(item, text, str(folder))
             gpu = stack.enter_context(slots.take()) if slots else None
             run = audit_kernel(file, item.display, text, options, device,
                                submission.reference if submission else None,
                                submission.level if submission else None,
-                               submission.problem if submission else None, gpu=gpu)
+                               submission.problem if submission else None, gpu=gpu,
+                               builds=builds)
         with lock:
             done[0] += 1
             if on_kernel:
@@ -218,8 +255,14 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
 
     if options.jobs <= 1 or len(work) <= 1:
         return [one(entry) for entry in work]
-    with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=options.jobs)
+    try:
         return list(pool.map(one, work))
+    except BaseException:  # interrupted: the kernels not started yet are not started
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _materialise_record(item: WorkItem, text: str, folder: str) -> str:
@@ -281,11 +324,29 @@ def visible_gpus() -> list[str]:
 
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
                  reference: str | None = None, level: int | None = None,
-                 number: int | None = None, gpu: tuple[str, float] | None = None) -> KernelRun:
-    """Audit one kernel file; `gpu` = (CUDA_VISIBLE_DEVICES entry, memory fraction) on CUDA."""
+                 number: int | None = None, gpu: tuple[str, float] | None = None,
+                 builds: BuildCache | None = None) -> KernelRun:
+    """Audit one kernel file; `gpu` = (CUDA_VISIBLE_DEVICES entry, memory fraction) on CUDA.
+    An audit that cannot complete (a full disk, an error in kaudit) is a KD504 finding; only
+    `SandboxError` (`--sandbox on` where there is none) propagates."""
     run = KernelRun(display)
-    where = forward_location(display, text)
-    add = Adder(run, where)
+    add = Adder(run, forward_location(display, text))
+    try:
+        _audit(run, add, file, text, options, device, reference, level, number, gpu,
+               builds or BuildCache(options.extensions_dir))
+    except SandboxError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as not audited, the scan goes on
+        run.status = "incomplete"
+        add("KD504", f"not audited: the dynamic audit did not complete: "
+            f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__,
+            errno=getattr(exc, "errno", None))
+    return run
+
+
+def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOptions,
+           device: str, reference: str | None, level: int | None, number: int | None,
+           gpu: tuple[str, float] | None, builds: BuildCache) -> None:
     reason = cuda_reason(text)
     problem = pair_problem(file, reference, options, level, number)
     run.problem = display_path(problem) if problem else None
@@ -293,21 +354,24 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
         run.status = "needs-cuda"
         add("KD500", f"not run: needs CUDA ({reason}) and this run has no CUDA device",
             reason=reason)
-        return run
+        return
     if problem is None:
         run.status = "no-problem"
         add("KD502", "not run: no reference problem (give --problem FILE, put problem.py next "
             "to the kernel, or --problems ROOT for KernelBench names)")
-        return run
+        return
     memory = job_memory_limit(options.memory_limit) if device == "cpu" else None
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     scales = [s for s in options.scales if s != 1]
-    common = {"problem": os.path.abspath(problem), "device": device,
+    problem = os.path.abspath(problem)
+    common = {"problem": problem, "device": device,
               "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales,
               "gpu_memory_fraction": gpu[1] if gpu else None}
     env = {"CUDA_VISIBLE_DEVICES": gpu[0]} if gpu else {}
-    with run_job(Job(REFERENCE_TARGET, common, timeout=options.timeout, seed=options.init_seed,
-                     memory_limit=memory, cpu_limit=cpu_seconds, env=env)) as reference_result:
+    limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
+              "cpu_limit": cpu_seconds}
+    with run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
+                     **limits)) as reference_result:
         if not reference_result.ok:
             run.status = "reference-failed"
             if reference_result.phase is None:
@@ -316,43 +380,54 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
                         encoding="utf-8")[:40]
                 except (OSError, FileNotFoundError):
                     pass
+            if disk_full(reference_result):
+                run.status = "incomplete"
+                not_audited(add, reference_result, "reference problem's job")
+                return
             add("KD503", f"not run: the reference problem {run.problem} failed: "
                 f"{reference_result.describe()}{memory_note(reference_result, memory)}",
                 **failure_metrics(reference_result))
-            return run
+            return
         keys = [f"s{index}" for index in range(len(scales))]
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
-            inputs = {n: load_any(reference_result, f"inputs_{n}.pt") for n in ("a", "b")}
+            inputs = {n: load_any(reference_result, f"inputs_{n}.pt") for n in ("a", "b", *keys)}
             scaled_refs = _scaled_references(reference_result, keys, scales)
         except OutputError as exc:
             run.status = "reference-failed"
             add("KD503", f"not run: the reference problem {run.problem} returned no tensors: "
                 f"{exc}")
-            return run
-        # the candidate gets copies of the inputs, in a folder holding nothing else
-        inputs_dir = tempfile.mkdtemp(prefix="kaudit-inputs-")
-        try:
-            for name in ("a", "b", *keys):
-                shutil.copyfile(reference_result.path(f"inputs_{name}.pt"),
-                                os.path.join(inputs_dir, f"inputs_{name}.pt"))
-            # the reference outputs now live only in this process: their files are removed
-            # before any candidate code runs
-            reference_result.close()
-            build = os.path.join(os.path.abspath(options.extensions_dir), hashlib.sha256(
-                text.encode("utf-8", "surrogatepass")).hexdigest()[:16]) \
-                if options.extensions_dir else None
-            if device == "cpu" and uses_triton(text):
-                env = {**env, "TRITON_INTERPRET": "1"}
-            job = Job(CANDIDATE_TARGET, {**common, "kernel": os.path.abspath(file),
-                                         "inputs_dir": inputs_dir, "extensions_dir": build},
-                      timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
-                      cpu_limit=cpu_seconds, env=env)
+            return
+        # the reference outputs now live only in this process: their files go before any
+        # candidate code runs; the candidate gets copies of the inputs (and init.pt)
+        for name in reference_result.files():
+            if name.startswith("ref"):
+                reference_result.path(name).unlink()
+        given = {f"in/{name}": str(reference_result.path(name))
+                 for name in reference_result.files()
+                 if name.startswith("inputs_") or name == "init.pt"}
+        if device == "cpu" and uses_triton(text):
+            env = {**env, "TRITON_INTERPRET": "1"}
+        schedule = random.Random(f"{options.key}\0{run.path}")
+        kernel = os.path.abspath(file)
+        visible = (os.path.dirname(kernel), os.path.dirname(problem))
+        with builds.use(text) as build:
+            job = Job(CANDIDATE_TARGET, {**common, "kernel": kernel, "build_dir": build,
+                                         "poison_key": options.key,
+                                         "schedule_seed": schedule.getrandbits(48),
+                                         "calls": schedule.randint(*options.calls)},
+                      env=env, files=given, visible=visible, writable=(build,), **limits)
             with run_job(job) as candidate:
-                judge(run, add, candidate, refs, inputs, scaled_refs, options)
-        finally:
-            shutil.rmtree(inputs_dir, ignore_errors=True)
-    return run
+                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options)
+            if watched is None or run.status != "ok" or rejected(run):
+                return  # the second opinion is for kernels the watched calls found right
+            plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
+                                       "calls": PLAIN_CALLS},
+                        env=env, files={k: v for k, v in given.items()
+                                        if k in ("in/inputs_a.pt", "in/init.pt")},
+                        visible=visible, writable=(build,), **limits)
+            with run_job(plain) as result:
+                second_opinion(add, result, refs["a"], watched, options.tolerance)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:
@@ -395,14 +470,7 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
                         config.suspicious_speedup)
         on_kernel(done, total, item.display, verdict.verdict, seconds)
 
-    progress = finished if on_kernel else None
-    if options.extensions_dir is None:
-        # one build per kernel text for the whole scan (a results tree repeats kernels)
-        with tempfile.TemporaryDirectory(prefix="kaudit-extensions-") as builds:
-            runs = audit_items(items, dataclasses.replace(options, extensions_dir=builds), device,
-                               progress)
-    else:
-        runs = audit_items(items, options, device, progress)
+    runs = audit_items(items, options, device, finished if on_kernel else None)
     lines_of: dict[str, list[str]] = {}
     for item in items:
         if item.text is not None:

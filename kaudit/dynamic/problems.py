@@ -1,8 +1,8 @@
 """`kaudit problems`: audit a benchmark's own correctness checks.
 
 For each KernelBench problem file, a child process (`kaudit.dynamic.runner`,
-`kaudit.dynamic.problem_job`) computes the reference outputs; this module, in the kaudit process,
-loads them and asks whether the benchmark's check can tell a real kernel from a trivial one:
+`kaudit.dynamic.harness.problem_job`) computes the reference outputs; this module, in the kaudit
+process, loads them and asks whether the benchmark's check can tell a real kernel from a trivial one:
 
 - KP101 an all-zeros output passes on every seed;
 - KP102 one constant passes on every seed;
@@ -31,12 +31,13 @@ from kaudit import __version__
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
+from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
 from kaudit.rule import rule_by_code
 from kaudit.source import split_lines
 
-JOB_TARGET = "kaudit.dynamic.problem_job:run_problem"
+JOB_TARGET = "problem_job:run_problem"
 MANIFEST = "manifest.json"
 DEFAULT_SCALES = (1e-3, 1.0, 1e3)
 INIT_SEED = 42
@@ -249,17 +250,21 @@ def audit_problems(paths: Iterable[str], options: Options,
                                "scales": list(options.scales),
                                "max_elements": options.max_elements},
                   timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
-                  cpu_limit=cpu_seconds)
+                  cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),))
         line, lines = model_line(file)
         display = display_path(file)
+        end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         try:
             with run_job(job) as result:
-                problem = analyse(result, display, line, options,
-                                  len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1,
-                                  memory_limit=memory)
-        except Exception as exc:  # a kaudit bug: reported as an internal error, the run goes on
-            return ProblemResult(display, line, status="failed",
-                                 error=f"internal error: {exc.__class__.__name__}: {exc}")
+                problem = analyse(result, display, line, options, end_column, memory_limit=memory)
+        except SandboxError:
+            raise
+        except Exception as exc:  # a full disk, or a kaudit bug: not run, said so; the run goes on
+            internal = "" if isinstance(exc, OSError) else "internal error: "
+            problem = ProblemResult(display, line, max(1, end_column), status="failed",
+                                    error=f"{internal}{exc.__class__.__name__}: {exc}")
+            _Finder(problem)("KP501", f"the problem could not be run: {problem.error}",
+                             status="error", error_type=exc.__class__.__name__)
         problem.findings = assign_fingerprints(problem.findings, {display: lines})
         return problem
 
@@ -276,7 +281,7 @@ def audit_problems(paths: Iterable[str], options: Options,
                 if on_problem:
                     on_problem(done, total, problem)
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems
-                      if p.error and p.error.startswith("internal error") and not p.findings]
+                      if p.error and p.error.startswith("internal error")]
     report.summary = summarize(report.problems)
     return report
 

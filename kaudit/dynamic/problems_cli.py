@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from kaudit.gate import exit_code
@@ -33,7 +34,10 @@ def parse_scales(text: str) -> tuple[float, ...]:
 def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
                 rtol: float | None, device: str, seeds: int, scales: str, timeout: float,
                 jobs: int, output_format: str, output: Path | None, fail_on: str | None,
-                memory_limit: str | None = None) -> int:
+                memory_limit: str | None = None,
+                before_output: Callable[[], None] = lambda: None) -> int:
+    """`before_output`: called once every problem ran, before anything is written (the CLI's
+    check that kaudit's own code did not change)."""
     from kaudit.dynamic.limits import parse_memory_limit
     from kaudit.dynamic.tolerance import resolve
 
@@ -68,6 +72,7 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
         raise ProblemsUsageError(str(exc)) from exc
     finally:
         progress.stop()
+    before_output()
 
     if output_format == "text" and output is None:
         console = make_console()

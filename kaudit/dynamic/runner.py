@@ -1,39 +1,40 @@
 """Run one job in an isolated child process: "call this function with these JSON arguments, give me
 back its JSON result and the files it wrote".
 
-    job = Job("kaudit.dynamic.problem_job:run_problem", {"path": ...}, timeout=60)
+    job = Job("problem_job:run_problem", {"path": ...}, timeout=60)
     with run_job(job) as result:
         if result.ok:
-            outputs = result.load_tensors("seed0.pt")
+            outputs = result.load_tensors("seed0.pt", max_bytes=...)
         else:
             print(result.status, result.describe())
 
-What the child gets:
-- a process of its own, forked from kaudit's fork server (`kaudit.dynamic.forkserver`), a process
-  that has imported torch once and serves only this kaudit process: a job starts in milliseconds
-  instead of paying a fresh `import torch`. Nothing the job does (monkey-patching torch,
-  `sys.modules`, global state) reaches the parent or the next job. With `KAUDIT_FORKSERVER=0` in
-  kaudit's environment, when the server cannot start, or when it dies with the job, the job runs
-  in a fresh interpreter instead (`sys.executable -m kaudit.dynamic.child SPEC.json`);
-- its own session and process group, killed as a whole (SIGKILL) when the wall-clock timeout
-  expires and again once it has exited, so forked helpers do not outlive it;
-- a fresh, empty working folder and TMPDIR inside a private temporary folder, removed afterwards;
+`target` names a function of the job-side package (`kaudit.dynamic.harness`, which jobs import as
+`harness`: nothing in a job names kaudit) or of a file (`/path/file.py:function`).
+
+What the child gets (`kaudit.dynamic.sandbox` starts it; the README's threat model says what is
+defended):
+- a supervisor of its own, forked from kaudit's fork server (`kaudit.dynamic.forkserver`, torch
+  imported once) or, with `KAUDIT_FORKSERVER=0` or when the server cannot start or died with the
+  job, a fresh interpreter (`python -m harness.child SPEC`); nothing the job does (monkey-patching
+  torch, `sys.modules`) reaches the parent or the next job;
+- with the sandbox (`--sandbox`, default where it works): new user, mount, PID and network
+  namespaces, a read-only filesystem but for its own folders, kaudit's installation hidden;
+- its own session and process group, and a supervisor that kills every process it left (the PID
+  namespace does it with the sandbox); on timeout kaudit SIGKILLs the supervisor and the group;
+- a fresh folder with a neutral name (`work` its working folder, `out` for its files, `tmp` its
+  TMPDIR and caches, `lib` the harness package, `in` the files the job is given), removed
+  afterwards;
 - a scrubbed environment, exactly that and the job's own variables: PATH, HOME, locale,
   CUDA_VISIBLE_DEVICES, CUDA_HOME, LD_LIBRARY_PATH, OMP_NUM_THREADS and TORCH_* / PYTORCH_*
-  variables pass; everything else (tokens, cloud keys, proxies) is dropped; PYTHONPATH is a link to
-  kaudit's package followed by the parent's PYTHONPATH (where torch may live); no bytecode is
+  variables pass; everything else (tokens, cloud keys, proxies) is dropped; PYTHONPATH is the
+  harness copy followed by the parent's PYTHONPATH less the entries holding kaudit; no bytecode is
   written;
-- optional RLIMIT_AS (address space; meant for CPU runs only, CUDA reserves huge virtual ranges)
-  and RLIMIT_CPU, applied by the child to itself before it runs job code;
-- stdin from /dev/null; stdout and stderr captured to files (tails kept in the result).
+- RLIMIT_FSIZE and RLIMIT_NPROC, optional RLIMIT_AS (address space; CPU runs only, CUDA reserves
+  huge virtual ranges) and RLIMIT_CPU, no core files, no capabilities;
+- stdin from /dev/null; stdout and stderr captured by the supervisor, the first 64 KiB and the last
+  256 KiB of each kept (tails in the result).
 
 `run_job` may be called from several threads at once; each call waits for its own child.
-
-What it does not give: no filesystem, network or syscall sandbox (the job runs as the same user
-and can read or write anything that user can, e.g. files next to a problem); the GPU is shared;
-a process that starts a new session of its own escapes the group kill; rlimits raised back by a
-privileged job are not enforced. It isolates honest-but-sloppy benchmark code from kaudit, not a
-hostile program from the machine: run untrusted kernels in a container.
 
 Every failure (crash, signal, timeout, import error, OOM, a result that is not JSON) is a
 `RunResult` with a status, never an exception.
@@ -41,22 +42,20 @@ Every failure (crash, signal, timeout, import error, OOM, a result that is not J
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kaudit
-from kaudit.dynamic import forkserver
-from kaudit.dynamic.forkserver import Exit, Launch
+from kaudit.dynamic import sandbox, scratch
+from kaudit.dynamic.forkserver import Launch, copy_harness
+from kaudit.dynamic.harness.child import traced
 
 ENV_KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
             "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
@@ -64,6 +63,12 @@ ENV_KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
 ENV_KEEP_PREFIXES = ("TORCH_", "PYTORCH_")
 #: how much of stdout / stderr a result keeps
 TAIL_CHARS = 4000
+#: RLIMIT_FSIZE of a job unless it says otherwise: the largest file it may write
+FILE_SIZE_LIMIT = 64 << 30
+#: RLIMIT_NPROC of a job: processes of its user (not enforced for root)
+PROCESS_LIMIT = 4096
+#: what a job's folder holds
+FOLDERS = ("work", "out", "tmp", "lib", "in")
 
 OK, ERROR, OOM, TIMEOUT, CRASHED = "ok", "error", "oom", "timeout", "crashed"
 
@@ -83,6 +88,15 @@ class Job:
     cpu_limit: float | None = None
     #: variables added to the scrubbed environment
     env: Mapping[str, str] = field(default_factory=dict)
+    #: files and folders copied into the job's folder before it starts: path inside the folder
+    #: (`in/inputs_a.pt`, `build`) -> source
+    files: Mapping[str, str] = field(default_factory=dict)
+    #: folders the job reads (a kernel's and its problem's): visible, read-only, in the sandbox
+    visible: tuple[str, ...] = ()
+    #: folders outside its own folder it may write (its kernel's build folder)
+    writable: tuple[str, ...] = ()
+    #: RLIMIT_FSIZE in bytes
+    file_size_limit: int = FILE_SIZE_LIMIT
 
 
 @dataclass
@@ -99,6 +113,8 @@ class RunResult:
     stderr_tail: str = ""
     returncode: int | None = None
     wall_s: float = 0.0
+    #: the OSError number of a job that failed on one (ENOSPC: the disk is full)
+    errno: int | None = None
     out_dir: Path | None = None
     _root: Path | None = field(default=None, repr=False)
 
@@ -120,6 +136,11 @@ class RunResult:
             return f"crashed{where}: {head}"
         return f"failed{where}: {head}"
 
+    @property
+    def root(self) -> Path | None:
+        """The job's folder (`build` and the like live there), until `close()`."""
+        return self._root
+
     def files(self) -> list[str]:
         if self.out_dir is None or not self.out_dir.is_dir():
             return []
@@ -137,24 +158,37 @@ class RunResult:
     def read_json(self, name: str) -> Any:
         return json.loads(self.path(name).read_text(encoding="utf-8"))
 
-    def load_tensors(self, name: str) -> list:
+    def load_tensors(self, name: str, max_bytes: int | None = None) -> list:
         """A file saved by the child with `torch.save(tensor or list of tensors)`, loaded with
-        `weights_only=True` onto the CPU; raises OutputError unless it holds tensors only."""
-        import torch  # only the dynamic path imports torch
-
-        try:
-            data = torch.load(self.path(name), map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise OutputError(f"{name}: cannot load: {exc.__class__.__name__}: {exc}") from exc
+        `weights_only=True` onto the CPU; raises OutputError unless it holds tensors only, and
+        before loading when it is larger than `max_bytes`."""
+        data = self.load(name, max_bytes)
         items = list(data) if isinstance(data, (list, tuple)) else [data]
+        import torch
+
         if not items or not all(isinstance(t, torch.Tensor) for t in items):
             kinds = sorted({type(t).__name__ for t in items})
             raise OutputError(f"{name}: expected tensors, found {', '.join(kinds) or 'nothing'}")
         return items
 
+    def load(self, name: str, max_bytes: int | None = None) -> Any:
+        """A file saved with `torch.save`, loaded with `weights_only=True` onto the CPU (not
+        loaded, OutputError, when larger than `max_bytes`)."""
+        import torch  # only the dynamic path imports torch
+
+        path = self.path(name)
+        size = path.stat().st_size
+        if max_bytes is not None and size > max_bytes:
+            raise OversizedOutput(f"{name}: {size} bytes, larger than the {max_bytes} bytes its "
+                                  "tensors can take: not loaded")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise OutputError(f"{name}: cannot load: {exc.__class__.__name__}: {exc}") from exc
+
     def close(self) -> None:
         if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
+            scratch.remove(self._root)
             self._root = None
 
     def __enter__(self) -> RunResult:
@@ -168,6 +202,10 @@ class OutputError(ValueError):
     """A file from the child is not what the parent expects (type, shape, dtype)."""
 
 
+class OversizedOutput(OutputError):
+    """A file from the child is larger than what it should hold: not loaded."""
+
+
 def scrubbed_environment(extra: Mapping[str, str] | None = None,
                          base: Mapping[str, str] | None = None) -> dict[str, str]:
     source = os.environ if base is None else base
@@ -178,43 +216,65 @@ def scrubbed_environment(extra: Mapping[str, str] | None = None,
 
 
 def run_job(job: Job) -> RunResult:
-    """Run `job` in a child process and wait for it (at most `job.timeout` seconds)."""
-    if os.environ.get("KAUDIT_FORKSERVER", "1") != "0":
-        try:
-            return _run(job, forkserver.launch)
-        except forkserver.Unavailable:
-            pass  # no server, or it died with the job: run the job (again) in a fresh interpreter
-    return _run(job, _launch_plain)
+    """Run `job` in a child process and wait for it (at most `job.timeout` seconds). Raises
+    `sandbox.SandboxError` for `--sandbox on` where the sandbox cannot be built, and OSError when
+    the job's folder cannot be made (a full disk): nothing ran then."""
+    sandbox.protect_parent()
+    confined = sandbox.active()
+    root = scratch.folder()
+    cgroup = sandbox.job_cgroup(job.memory_limit)
+    try:
+        return _run(job, root, confined, cgroup)
+    except BaseException:
+        scratch.remove(root)
+        raise
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
 
 
-def _run(job: Job, launch: Callable[[Launch], Exit]) -> RunResult:
-    root = Path(tempfile.mkdtemp(prefix="kaudit-job-"))
-    work, out, tmp, lib = root / "work", root / "out", root / "tmp", root / "lib"
-    for folder in (work, out, tmp, lib):
+def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None) -> RunResult:
+    work, out, tmp, lib, given = (root / name for name in FOLDERS)
+    for folder in (work, out, tmp, lib, given):
         folder.mkdir()
-    # kaudit is reached through a link to its package, not the folder around it
-    (lib / "kaudit").symlink_to(Path(kaudit.__file__).resolve().parent, target_is_directory=True)
+    copy_harness(lib)
+    for inside, source in job.files.items():
+        target = root / inside
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.isdir(source):
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copyfile(source, target)
+    writable = [str(work), str(out), str(tmp), *job.writable]
+    visible = [str(lib), str(given), *job.visible]
+    where, _, _ = job.target.rpartition(":")
+    if where.endswith(".py"):
+        visible.append(os.path.dirname(os.path.abspath(where)))
     spec_path, result_path = root / "spec.json", root / "result.json"
-    spec = {"target": job.target, "args": dict(job.args), "seed": job.seed,
+    args = {**job.args, "in_dir": str(given)} if job.files else dict(job.args)
+    spec = {"target": job.target, "args": args, "seed": job.seed,
             "out_dir": str(out), "result": str(result_path),
-            "memory_limit": job.memory_limit, "cpu_limit": job.cpu_limit}
+            "memory_limit": job.memory_limit, "cpu_limit": job.cpu_limit,
+            "file_size_limit": job.file_size_limit, "process_limit": PROCESS_LIMIT,
+            "cgroup": cgroup.procs if cgroup is not None else None,
+            "sandbox": sandbox.plan_for(root, visible, writable) if confined else None}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    # kaudit first; then the parent's PYTHONPATH, where torch itself may live
-    python_path = os.pathsep.join(p for p in (str(lib), os.environ.get("PYTHONPATH", "")) if p)
     env = scrubbed_environment({
-        "PYTHONPATH": python_path, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-        "PYTHONHASHSEED": "0", "TMPDIR": str(tmp), **job.env})
+        "PYTHONPATH": _python_path(lib), "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0", "TMPDIR": str(tmp),
+        # caches a job writes, in its own folder: the home folder is read-only in the sandbox
+        "TRITON_CACHE_DIR": str(tmp / "triton"), "XDG_CACHE_HOME": str(tmp / "cache"),
+        "CUDA_CACHE_PATH": str(tmp / "nv"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+        **job.env})
     stdout_path, stderr_path = root / "stdout.txt", root / "stderr.txt"
     result = RunResult(status=CRASHED, out_dir=out, _root=root)
     started = time.monotonic()
     try:
-        end = launch(Launch(spec=spec_path, cwd=work, lib=lib, env=env, stdout=stdout_path,
-                            stderr=stderr_path, timeout=job.timeout))
-    except forkserver.Unavailable:
-        result.close()
-        raise
-    except OSError as exc:
+        end = sandbox.launch(Launch(spec=spec_path, cwd=work, lib=lib, env=env,
+                                    stdout=stdout_path, stderr=stderr_path, timeout=job.timeout))
+    except (OSError, sandbox.Stopped) as exc:
         result.status, result.error_type, result.error = CRASHED, type(exc).__name__, str(exc)
+        result.errno = getattr(exc, "errno", None)
         return result
     result.wall_s = time.monotonic() - started
     result.returncode = end.returncode
@@ -224,29 +284,12 @@ def _run(job: Job, launch: Callable[[Launch], Exit]) -> RunResult:
     return result
 
 
-def _launch_plain(launch: Launch) -> Exit:
-    """Start a fresh interpreter for the job and wait for it."""
-    with open(launch.stdout, "wb") as stdout, open(launch.stderr, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kaudit.dynamic.child", str(launch.spec)],
-            cwd=launch.cwd, env=dict(launch.env), stdin=subprocess.DEVNULL, stdout=stdout,
-            stderr=stderr, start_new_session=True, close_fds=True)
-        try:
-            process.wait(timeout=launch.timeout)
-            return Exit(process.returncode, timed_out=False)
-        except subprocess.TimeoutExpired:
-            _kill_group(process.pid)
-            process.wait()
-            return Exit(process.returncode, timed_out=True)
-        finally:
-            _kill_group(process.pid)  # helpers the job forked into its group
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _python_path(lib: Path) -> str:
+    """The harness copy, then the parent's PYTHONPATH (where torch may live) less what names or
+    holds kaudit: a job has no use for it."""
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not traced(p) and not os.path.isdir(os.path.join(p, "kaudit"))]
+    return os.pathsep.join([str(lib), *kept])
 
 
 def _tail(path: Path) -> str:
@@ -271,11 +314,17 @@ def _interpret(result: RunResult, result_path: Path, timed_out: bool) -> None:
         result.status = TIMEOUT
         result.error = f"no result within {result.wall_s:.0f} s"
         return
+    if not (isinstance(data, dict) and data.get("ok") is True) and _disk_full(result_path.parent):
+        # what failed the job (torch's own writer does not always say) and may have kept it from
+        # writing even its result
+        result.errno = errno.ENOSPC
     if isinstance(data, dict) and data.get("ok") is True:
         result.status, result.value = OK, data.get("value")
         return
     if isinstance(data, dict) and data.get("ok") is False:
         result.status = OOM if data.get("oom") else ERROR
+        if isinstance(data.get("errno"), int):
+            result.errno = data["errno"]
         result.phase = data.get("phase")
         result.error_type = str(data.get("type", ""))
         result.error = str(data.get("message", ""))
@@ -296,6 +345,15 @@ def _interpret(result: RunResult, result_path: Path, timed_out: bool) -> None:
     clue = _stderr_clue(result.stderr_tail)
     if clue:
         result.error += f"; stderr: {clue}"
+
+
+def _disk_full(folder: Path) -> bool:
+    """Less than 1 MiB left for kaudit's user where the job wrote."""
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return False
+    return found.f_bavail * found.f_frsize < (1 << 20)
 
 
 def _stderr_clue(tail: str) -> str:

@@ -1,6 +1,6 @@
-"""The child side of `kaudit problems`: runs one KernelBench problem and saves its outputs.
+"""The job of `problems` (benchmark problems): runs one KernelBench problem and saves its outputs.
 
-Runs only inside `kaudit.dynamic.child` (never in the kaudit process). For a problem file it:
+Runs only inside a job (`child`, never in the parent process). For a problem file it:
 imports the file, builds `Model(*get_init_inputs())` under the init seed, moves it to the device,
 and for each seed calls `get_inputs()` under that seed and runs `forward` (under `no_grad`, the
 model left in the mode its constructor chose, as the harness does); for the first seed it also
@@ -27,7 +27,7 @@ import os
 import time
 from typing import Any
 
-from kaudit.dynamic.child import import_file, is_oom, phase, write_json
+from .child import import_file, is_oom, phase, write_json
 
 MANIFEST = "manifest.json"
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
@@ -218,7 +218,7 @@ class _Saver:
 
 
 def _import_problem(path: str) -> Any:
-    module = import_file("kaudit_problem", path, ProblemFormatError)
+    module = import_file("problem", path, ProblemFormatError)
     missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
     if missing:
         raise ProblemFormatError(

@@ -1,0 +1,295 @@
+"""Hostile kernels against `kaudit scan --dynamic`: one per attack class of the threat model (README,
+"Threat model"). Each kernel in kernels/ runs against problem.py (tanh(x) * 2 + 1) and the test
+asserts the outcome the defences promise: the attack is flagged, or the host is unchanged, or no
+process is left. Attacks that only the OS sandbox stops skip with a reason where it is unavailable.
+
+The kernels are written to be safe in a test run: whatever they write or overwrite is limited to
+this test's temporary folders (see each kernel's docstring).
+
+    .venv/bin/python -m pytest tests/adversarial -q                          # CPU
+    KAUDIT_TEST_DEVICE=cuda .venv/bin/python -m pytest tests/adversarial -q  # on a GPU
+    KAUDIT_TEST_SANDBOX=off .venv/bin/python -m pytest tests/adversarial -q  # without the sandbox
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the dynamic pass needs torch; CI installs it")
+
+from kaudit.discover import WorkItem  # noqa: E402
+from kaudit.dynamic import sandbox  # noqa: E402
+from kaudit.dynamic.kernels import DynamicOptions, audit_items, audit_kernel  # noqa: E402
+from kaudit.dynamic.tolerance import resolve  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+KERNELS = HERE / "kernels"
+DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
+#: KAUDIT_TEST_SANDBOX=off runs the suite without the OS sandbox (what `auto` degrades to where
+#: namespaces are unavailable): the attacks only the sandbox stops then skip
+SANDBOX = os.environ.get("KAUDIT_TEST_SANDBOX", "auto")
+SANDBOXED = SANDBOX != "off" and sandbox.available() is None
+WHY_NOT = "KAUDIT_TEST_SANDBOX=off" if SANDBOX == "off" else sandbox.available()
+NEEDS_SANDBOX = pytest.mark.skipif(not SANDBOXED, reason=f"only the OS sandbox stops this attack: "
+                                                         f"{WHY_NOT}")
+
+
+@pytest.fixture(autouse=True)
+def sandbox_mode():
+    sandbox.set_mode(SANDBOX)
+    yield
+    sandbox.set_mode("auto")
+CPU_ONLY = pytest.mark.skipif(DEVICE != "cpu", reason="a CPU kernel (ctypes on host pointers)")
+
+
+def pair(folder: Path, kernel: str) -> Path:
+    """A kernel folder: problem.py and the named kernel as kernel.py."""
+    folder.mkdir(parents=True)
+    shutil.copy(HERE / "problem.py", folder / "problem.py")
+    shutil.copy(KERNELS / f"{kernel}.py", folder / "kernel.py")
+    return folder / "kernel.py"
+
+
+def options(**changes) -> DynamicOptions:
+    return DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=240, **changes)
+
+
+def audit(kernel: Path, **changes):
+    return audit_kernel(str(kernel), str(kernel), kernel.read_text(), options(**changes), DEVICE)
+
+
+def codes(run) -> set[str]:
+    return {f.rule for f in run.findings}
+
+
+def messages(run) -> str:
+    return "\n".join(f"{f.rule}: {f.message}" for f in run.findings)
+
+
+def kaudit(*args: str, cwd: Path, env: dict | None = None,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m kaudit ARGS` in its own process, with its own TMPDIR (cwd/tmp); the dynamic
+    pass in this suite's sandbox mode."""
+    if "--dynamic" in args:
+        args = (*args, "--sandbox", SANDBOX)
+    tmp = cwd / "tmp"
+    tmp.mkdir(exist_ok=True)
+    full = {**os.environ, "TMPDIR": str(tmp), "XDG_CONFIG_HOME": str(cwd / "config"),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                          if p), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kaudit", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def dynamic_findings(proc: subprocess.CompletedProcess) -> list[dict]:
+    data = json.loads(proc.stdout)
+    return [f for f in data["findings"] if f["pass"] == "dynamic"]
+
+
+def processes_named(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == name:
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def processes_under(folder: Path) -> list[int]:
+    """Processes whose working folder or command line lies under `folder`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            where = os.readlink(entry / "cwd")
+            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if where.startswith(str(folder)) or str(folder) in command:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+# -- the verdict comes from outside the kernel's reach -------------------------------------------
+
+
+def test_rebinding_the_save_function_is_tampering(tmp_path):
+    run = audit(pair(tmp_path / "rebind", "rebind_save"))
+    assert "KD405" in codes(run), messages(run)
+    assert "torch.save" in next(f.message for f in run.findings if f.rule == "KD405")
+    assert "KD202" in codes(run), "the lazy output itself is what gets judged"
+
+
+def test_the_reference_in_the_parent_is_out_of_reach(tmp_path):
+    """The kernel searches its ancestors' memory for the reference outputs and zeroes them; its
+    own output is zeros, so only a reference it could not reach makes it wrong."""
+    pair(tmp_path / "memory", "parent_memory")
+    proc = kaudit("scan", "memory", "--dynamic", "--device", DEVICE, "--no-cache", "-f", "json",
+                  cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "KD202" in {f["rule"] for f in dynamic_findings(proc)}, proc.stdout
+    log = tmp_path / "memory" / "parent_memory.log"
+    if log.exists():
+        assert " overwritten" not in log.read_text().replace(": 0 overwritten", ""), \
+            log.read_text()
+
+
+def test_a_kernel_honest_only_when_watched_is_caught(tmp_path):
+    """Its one-line checks find no trace of an auditor in the job: it is lazy there too, and
+    wrong (KD202); a kernel that finds another sign is caught by the plain run (KD406, fixture
+    bad_right_only_under_modes)."""
+    run = audit(pair(tmp_path / "watched", "honest_when_watched"))
+    assert codes(run) & {"KD202", "KD406"}, messages(run)
+
+
+def test_a_kernel_right_for_its_first_calls_only_is_caught(tmp_path):
+    run = audit(pair(tmp_path / "counter", "counts_calls"))
+    assert "KD202" in codes(run), messages(run)
+    finding = next(f for f in run.findings if f.rule == "KD202")
+    assert finding.metrics["call"] > 12
+
+
+# -- the parent protects itself ------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not SANDBOXED, reason="without the sandbox a job can read the key that signs "
+                    f"the cache: {WHY_NOT}")
+def test_the_result_cache_cannot_be_rewritten_by_a_kernel(tmp_path):
+    pair(tmp_path / "cached", "poisons_cache")
+    static = kaudit("scan", "cached", "-f", "json", cwd=tmp_path)
+    rejected = {f["rule"] for f in json.loads(static.stdout)["findings"] if f["level"] == "error"}
+    assert rejected, static.stdout
+    kaudit("scan", "cached", "--dynamic", "--device", DEVICE, "-f", "json", cwd=tmp_path)
+    again = kaudit("scan", "cached", "-f", "json", cwd=tmp_path)
+    assert again.returncode == 1, again.stdout
+    assert {f["rule"] for f in json.loads(again.stdout)["findings"]
+            if f["level"] == "error"} == rejected
+
+
+@CPU_ONLY
+def test_a_kernel_cannot_replace_its_neighbours_build(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    items = []
+    for name, kernel in (("r1", "shared_library"), ("r2", "swaps_libraries"),
+                         ("r3", "shared_library")):
+        path = pair(tmp_path / name, kernel)
+        items.append(WorkItem(str(path), name, True))
+    builds = tmp_path / "builds"
+    builds.mkdir()
+    first, _, third = audit_items(items, options(extensions_dir=str(builds)), DEVICE)
+    assert first.status == "ok" and not first.findings, messages(first)
+    assert third.status == "ok" and not third.findings, messages(third)
+
+
+def test_the_installation_cannot_be_edited_into_a_clean_report(tmp_path):
+    """The kernel appends code to kaudit's renderers and exit gate. The scan must either keep the
+    installation unchanged or refuse to report (exit 2)."""
+    install = tmp_path / "adversarial-install"
+    shutil.copytree(ROOT / "kaudit", install / "kaudit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "rules", install / "kaudit" / "rules",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p: p.read_bytes() for p in install.rglob("*.py")}
+    pair(tmp_path / "editor", "edits_installation")
+    proc = kaudit("scan", "editor", "--dynamic", "--device", DEVICE, "--no-cache",
+                  "--output-dir", "report", cwd=tmp_path, env={"PYTHONPATH": str(install)})
+    changed = sorted(str(p.relative_to(install)) for p, data in before.items()
+                     if p.read_bytes() != data)
+    if changed:
+        assert proc.returncode == 2, (changed, proc.returncode, proc.stderr)
+        assert "changed during the dynamic pass" in proc.stderr
+        assert "refusing to report" in proc.stderr
+    else:
+        assert proc.returncode == 1, proc.stderr
+        sarif = json.loads((tmp_path / "report" / "kaudit-dynamic.sarif").read_text())
+        assert sarif["runs"][0]["results"], "the lazy kernel's findings are reported"
+
+
+def test_a_kernel_killing_its_parent_leaves_a_report_and_nothing_else(tmp_path):
+    pair(tmp_path / "killer", "kills_parent")
+    proc = kaudit("scan", "killer", "--dynamic", "--device", DEVICE, "--no-cache", "-f", "json",
+                  cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    # in the sandbox its parent is the namespace's init, which ignores the signal; without it,
+    # the job's own supervisor dies and the kernel fails
+    expected = set() if SANDBOXED else {"KD501"}
+    assert {f["rule"] for f in dynamic_findings(proc)} == expected, proc.stdout
+    assert wait_until(lambda: not processes_under(tmp_path / "tmp")), "no process is left"
+    assert list((tmp_path / "tmp").iterdir()) == [], "no temporary folder is left"
+
+
+def test_a_daemon_started_by_the_kernel_does_not_survive(tmp_path):
+    kernel = pair(tmp_path / "daemon", "leaves_daemon")
+    name = "dmn" + hashlib.sha256(str(kernel).encode()).hexdigest()[:10]
+    try:
+        run = audit(kernel)
+        assert run.status == "ok", messages(run)
+        assert wait_until(lambda: not processes_named(name), 10), "the daemon outlived the job"
+    finally:
+        for pid in processes_named(name):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_resource_abuse_is_contained(tmp_path):
+    kernel = pair(tmp_path / "abuse", "abuses_resources")
+    token = hashlib.sha256(str(kernel).encode()).hexdigest()[:10]
+    outside = [kernel.parent / "written_outside.txt", Path(f"/tmp/outside-{token}.txt")]
+    try:
+        run = audit(kernel)
+        oversized = [f for f in run.findings if f.rule == "KD405"]
+        assert oversized and "larger than" in oversized[0].message, messages(run)
+        if SANDBOXED:
+            assert not [p for p in outside if p.exists()], "the filesystem is read-only"
+    finally:
+        for path in outside:
+            path.unlink(missing_ok=True)
+
+
+def test_input_mutation_on_the_first_call_and_a_timer_are_found(tmp_path):
+    run = audit(pair(tmp_path / "timer", "mutates_once_and_defers"))
+    assert {"KD402", "KD404"} <= codes(run), messages(run)
+    deferred = next(f for f in run.findings if f.rule == "KD404")
+    assert "Timer" in deferred.message or "thread" in deferred.message, deferred.message
+
+
+@NEEDS_SANDBOX
+def test_attacks_that_only_the_sandbox_stops_are_stopped(tmp_path):
+    """Without the sandbox, a job runs as kaudit's user: it can write outside its folder. With
+    it, the kernel of test_resource_abuse_is_contained writes nothing outside."""
+    kernel = pair(tmp_path / "abuse", "abuses_resources")
+    token = hashlib.sha256(str(kernel).encode()).hexdigest()[:10]
+    outside = [kernel.parent / "written_outside.txt", Path(f"/tmp/outside-{token}.txt")]
+    try:
+        audit(kernel)
+        assert not [p for p in outside if p.exists()]
+    finally:
+        for path in outside:
+            path.unlink(missing_ok=True)
