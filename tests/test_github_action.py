@@ -118,7 +118,7 @@ def test_pre_commit_hook():
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "kaudit" and hook["entry"].startswith("kaudit scan")
     assert hook["language"] == "python" and hook["types"] == ["python"]
-    fixture = FIXTURES / "rules" / "KA101" / "bad_torch_alias_matmul.py"
+    fixture = FIXTURES / "rules" / "KA101" / "bad_copy_kernel_after_pytorch.py"
     # pre-commit runs the hook from its own environment: here, the interpreter's (.venv/bin)
     env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable),
                                                   os.environ.get("PATH", "")])}

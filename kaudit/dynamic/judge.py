@@ -149,10 +149,10 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
     correct = not incomplete and _correctness(add, ref_a, plain_a, options.tolerance)
-    if correct and worst is not None:
+    stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
+    if correct and worst is not None and not stale:  # a replayed answer explains a later miss
         correct = _correctness(add, ref_a, worst, options.tolerance,
                                call=info.get("worst_call"), calls=info.get("calls"))
-    stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
     if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
