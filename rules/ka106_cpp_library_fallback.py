@@ -1,8 +1,9 @@
 from collections.abc import Iterable
 
-from kaudit.cpp_library import library_calls
+from kaudit.cpp_library import LibraryCall, library_calls
 from kaudit.custom_work import CustomWork
 from kaudit.findings import Finding, Level, Precision
+from kaudit.graph import KernelGraph
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
@@ -23,9 +24,10 @@ class CppLibraryFallback(Rule):
     `obj.attr("matmul")(...)`, calling a `py::object`, `PyObject_Call*`). Allocation and shape
     helpers (`torch::empty_like`, `zeros`, `view`, `reshape`, `contiguous`, `transpose`,
     `copy_`, `data_ptr`, `size`), `TORCH_CHECK`, `AT_DISPATCH_*`, stream and handle setup
-    (`cublasCreate`, `cublasSetStream`, `cudnnCreate`) are not reported. Host functions that are
-    neither exported nor referenced anywhere, and code run once at module import (the body of
-    `PYBIND11_MODULE` outside its lambdas, namespace-scope initialisers), are not reported.
+    (`cublasCreate`, `cublasSetStream`, `cudnnCreate`) are not reported. Host functions that
+    nothing reachable from `forward` or `__init__` calls, exported or not (KA104 lists them),
+    and code run once at module import (the body of `PYBIND11_MODULE` outside its lambdas,
+    namespace-scope initialisers), are not reported.
 
     Under the default `--policy kernelbench` the calls are errors only when no custom kernel on
     the forward path does real work: the extension wraps the library, and the kernels it
@@ -63,7 +65,7 @@ class CppLibraryFallback(Rule):
     tags = ("fallback", "correctness", "cpp")
 
     def check(self, model: SourceModel) -> Iterable[Finding]:
-        calls = library_calls(model)
+        calls = _running(model, library_calls(model))
         if not calls:
             return
         why = ""
@@ -76,3 +78,18 @@ class CppLibraryFallback(Rule):
             yield self.report(model, call.call.unit.location(call.call.node),
                               f"{call.place} computes with {call.evidence} instead of a custom "
                               f"kernel{why}", category=call.category)
+
+
+def _running(model: SourceModel, calls: list[LibraryCall]) -> list[LibraryCall]:
+    """The calls whose host function can run: reached from the entry point, `__init__` or a
+    `backward`. An exported function nothing calls (KA104's finding) replaces nothing; code the
+    kernel graph does not hold (`PYBIND11_MODULE` lambdas) counts."""
+    if not calls:
+        return []
+    graph = KernelGraph.of(model)
+    if graph.forward is None:
+        return calls
+    used = graph.used()
+    return [call for call in calls if call.call.function is None
+            or f"cpp:{call.call.function.name}" not in graph.graph
+            or f"cpp:{call.call.function.name}" in used]
