@@ -9,8 +9,10 @@ labels file is given, compares each kernel's error-level codes with the labelled
 Per error rule: ``findings`` (raw count), ``files`` it fires on, ``right`` (files whose labels expect
 the code), ``wrong`` (files whose labels do not), ``precision`` = right / files, and ``missed``
 (files whose labels expect the code but that get no such finding). The same for warnings, over the
-files whose labels carry a ``warnings`` key. A verdict summary follows: kernels that should be
-rejected, how many get an error, honest kernels rejected, cheats reported without any error.
+files whose labels carry a ``warnings`` key; a warning rule the labels list under
+``[unreviewed_warnings]`` (added after the review) is shown as "not reviewed", its findings
+counted but not judged. A verdict summary follows: kernels that should be rejected, how many get
+an error, honest kernels rejected, cheats reported without any error.
 
 Without labels (``--labels none``, or a corpus with no ``labels.toml``) it prints the counts only,
 so any tree of real kernels can be profiled. Labels follow fixtures/real/labels.toml: one
@@ -55,14 +57,15 @@ class RuleRow:
     files: int = 0
     right: int = 0
     missed: int = 0
+    reviewed: bool = True  # False: the labels make no claim about this rule
 
     @property
-    def wrong(self) -> int:
-        return self.files - self.right
+    def wrong(self) -> int | None:
+        return self.files - self.right if self.reviewed else None
 
     @property
     def precision(self) -> float | None:
-        return self.right / self.files if self.files else None
+        return self.right / self.files if self.files and self.reviewed else None
 
 
 def scan(corpus: Path, jobs: int) -> Scan:
@@ -93,8 +96,10 @@ def count_rows(result: Scan, level: str) -> list[RuleRow]:
     return sorted(rows.values(), key=lambda row: row.rule)
 
 
-def labelled_rows(result: Scan, labels: dict[str, dict], level: str, key: str) -> list[RuleRow]:
-    """Rows over the labelled files that carry `key` (errors: all of them; warnings: reviewed)."""
+def labelled_rows(result: Scan, labels: dict[str, dict], level: str, key: str,
+                  unreviewed: frozenset[str] = frozenset()) -> list[RuleRow]:
+    """Rows over the labelled files that carry `key` (errors: all of them; warnings: reviewed);
+    the rules in `unreviewed` are counted but not judged."""
     rows: dict[str, RuleRow] = {}
     for path, entry in labels.items():
         if key not in entry:
@@ -102,7 +107,7 @@ def labelled_rows(result: Scan, labels: dict[str, dict], level: str, key: str) -
         expected = set(entry[key])
         found = result.counts.get((path, level), Counter())
         for rule in expected | set(found):
-            row = rows.setdefault(rule, RuleRow(rule))
+            row = rows.setdefault(rule, RuleRow(rule, reviewed=rule not in unreviewed))
             if rule in found:
                 row.findings += found[rule]
                 row.files += 1
@@ -129,8 +134,10 @@ def verdicts(result: Scan, labels: dict[str, dict]) -> dict[str, int]:
     }
 
 
-def fmt_precision(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
+def fmt_precision(row: RuleRow) -> str:
+    if not row.reviewed:
+        return "not reviewed"
+    return "-" if row.precision is None else f"{row.precision:.0%}"
 
 
 def print_table(title: str, rows: list[RuleRow], labelled: bool) -> None:
@@ -139,8 +146,9 @@ def print_table(title: str, rows: list[RuleRow], labelled: bool) -> None:
         print("| rule | findings | files | right | wrong | precision | missed |")
         print("|---|---|---|---|---|---|---|")
         for row in rows:
-            print(f"| {row.rule} | {row.findings} | {row.files} | {row.right} | {row.wrong} "
-                  f"| {fmt_precision(row.precision)} | {row.missed} |")
+            right, wrong = (row.right, row.wrong) if row.reviewed else ("-", "-")
+            print(f"| {row.rule} | {row.findings} | {row.files} | {right} | {wrong} "
+                  f"| {fmt_precision(row)} | {row.missed} |")
     else:
         print("| rule | findings | files |")
         print("|---|---|---|")
@@ -149,8 +157,9 @@ def print_table(title: str, rows: list[RuleRow], labelled: bool) -> None:
 
 
 def as_dicts(rows: list[RuleRow]) -> list[dict]:
-    return [{"rule": row.rule, "findings": row.findings, "files": row.files, "right": row.right,
-             "wrong": row.wrong, "precision": row.precision, "missed": row.missed}
+    return [{"rule": row.rule, "findings": row.findings, "files": row.files,
+             "right": row.right if row.reviewed else None, "wrong": row.wrong,
+             "precision": row.precision, "missed": row.missed, "reviewed": row.reviewed}
             for row in rows]
 
 
@@ -169,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.labels is not None:
             parser.error(f"no labels file {labels_path}")
         labels_path = None
-    labels = (tomllib.loads(labels_path.read_text(encoding="utf-8"))["files"]
-              if labels_path is not None else None)
+    document = (tomllib.loads(labels_path.read_text(encoding="utf-8"))
+                if labels_path is not None else None)
+    labels = document["files"] if document is not None else None
+    unreviewed: dict[str, str] = document.get("unreviewed_warnings", {}) if document else {}
     result = scan(corpus, args.jobs)
     if labels is None:
         errors, warnings = count_rows(result, "error"), count_rows(result, "warning")
@@ -186,18 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         print_table("Warnings", warnings, labelled=False)
         return 0
     errors = labelled_rows(result, labels, "error", "errors")
-    warnings = labelled_rows(result, labels, "warning", "warnings")
+    warnings = labelled_rows(result, labels, "warning", "warnings", frozenset(unreviewed))
     summary = verdicts(result, labels)
     if args.json:
         print(json.dumps({"corpus": str(corpus), "labels": str(labels_path),
                           "files_scanned": result.files_scanned, "verdicts": summary,
-                          "errors": as_dicts(errors), "warnings": as_dicts(warnings)}, indent=2))
+                          "errors": as_dicts(errors), "warnings": as_dicts(warnings),
+                          "unreviewed_warnings": unreviewed}, indent=2))
         return 0
     reviewed = sum(1 for entry in labels.values() if "warnings" in entry)
     print(f"{corpus}: {result.files_scanned} files scanned, {len(labels)} labelled")
     print_table("Error-level rules (a file counts once per rule)", errors, labelled=True)
     print_table(f"Warning-level rules (over the {reviewed} files whose warnings were reviewed)",
                 warnings, labelled=True)
+    for rule, why in sorted(unreviewed.items()):
+        print(f"\n{rule}: not reviewed, its findings are counted but not judged ({why})")
     print("\nVerdicts\n")
     for key, value in summary.items():
         print(f"- {key.replace('_', ' ')}: {value}")

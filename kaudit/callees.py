@@ -384,8 +384,11 @@ class Callees:
                 if inner:
                     return set(inner)
             return {Held(Kind.REFERENCE_LAYER, attr)}
-        if held.kind in (Kind.TORCH_MODULE, Kind.LIBRARY_MODEL, Kind.REFERENCE_LAYER) \
-                and attr in _MODULE_CALL_ATTRIBUTES:
+        if held.kind is Kind.LIBRARY_MODEL:
+            # a library model's submodules are library code too (`base.transformer`, `lm.model`),
+            # with the modules `__init__` installed into it
+            return {held}
+        if held.kind in (Kind.TORCH_MODULE, Kind.REFERENCE_LAYER) and attr in _MODULE_CALL_ATTRIBUTES:
             return {held}
         return set()
 

@@ -50,6 +50,16 @@ class KernelGraph:
             return set()
         return {node} | nx.descendants(self.graph, node)
 
+    def used(self) -> set[str]:
+        """What runs when the model is built or called: reachable from the entry point, from
+        `ModelNew.__init__` (weight preparation) or from a `backward` forward reaches."""
+        model = self.model
+        init = f"py:{model.model_new.name}.__init__" if model.model_new else ""
+        used = self.reachable_from(self.forward) | self.reachable_from(init)
+        for backward in self.backward:
+            used |= self.reachable_from(backward)
+        return used
+
     def nodes_of_kind(self, *kinds: str) -> Iterator[str]:
         return (n for n, data in self.graph.nodes(data=True) if data["kind"] in kinds)
 

@@ -45,10 +45,7 @@ class UnusedKernel(Rule):
         graph = KernelGraph.of(model)
         if graph.forward is None:
             return
-        init = f"py:{model.model_new.name}.__init__" if model.model_new else ""
-        used = graph.reachable_from(graph.forward) | graph.reachable_from(init)
-        for backward in graph.backward:
-            used |= graph.reachable_from(backward)
+        used = graph.used()
         for node in graph.nodes_of_kind("kernel", "triton", "extension"):
             if node in used:
                 continue

@@ -1,8 +1,10 @@
 from collections.abc import Iterable
 
-from kaudit.cpp_library import library_calls
+from kaudit.cpp import CppIndex
+from kaudit.cpp_library import LibraryCall, library_calls
 from kaudit.custom_work import CustomWork
 from kaudit.findings import Finding, Level, Precision
+from kaudit.graph import KernelGraph
 from kaudit.rule import Rule
 from kaudit.source import SourceModel
 
@@ -23,15 +25,19 @@ class CppLibraryFallback(Rule):
     `obj.attr("matmul")(...)`, calling a `py::object`, `PyObject_Call*`). Allocation and shape
     helpers (`torch::empty_like`, `zeros`, `view`, `reshape`, `contiguous`, `transpose`,
     `copy_`, `data_ptr`, `size`), `TORCH_CHECK`, `AT_DISPATCH_*`, stream and handle setup
-    (`cublasCreate`, `cublasSetStream`, `cudnnCreate`) are not reported. Host functions that are
-    neither exported nor referenced anywhere, and code run once at module import (the body of
-    `PYBIND11_MODULE` outside its lambdas, namespace-scope initialisers), are not reported.
+    (`cublasCreate`, `cublasSetStream`, `cudnnCreate`) are not reported. Host functions that
+    nothing reachable from `forward` or `__init__` calls, exported or not (KA104 lists them),
+    and code run once at module import (the body of `PYBIND11_MODULE` outside its lambdas,
+    namespace-scope initialisers), are not reported.
 
     Under the default `--policy kernelbench` the calls are errors only when no custom kernel on
     the forward path does real work: the extension wraps the library, and the kernels it
     launches, if any, only copy or fill. A bias add after the kernel, `torch::rsqrt` on
     statistics a kernel computed, or `losses.mean()` finishing a kernel's reduction are then a
-    partial replacement, listed by KA108. Under `--policy strict` every call is an error.
+    partial replacement, listed by KA108. A library call on a branch that returns before any
+    kernel of its host function runs (`if (cols > 1024) return torch::argmin(x, -1);`, `else
+    return torch::max(...)`) is still an error: there the library answers instead of the kernel.
+    Under `--policy strict` every call is an error.
 
     ## Why is this bad?
     The Python side looks clean -- `forward` calls only the compiled extension -- while the
@@ -63,16 +69,96 @@ class CppLibraryFallback(Rule):
     tags = ("fallback", "correctness", "cpp")
 
     def check(self, model: SourceModel) -> Iterable[Finding]:
-        calls = library_calls(model)
+        calls = _running(model, library_calls(model))
         if not calls:
             return
-        why = ""
+        reasons = {id(call): "" for call in calls}
         if model.policy == "kernelbench":
             work = CustomWork.of(model)
             if work.real_work:
-                return  # a partial replacement: KA108 lists what stays in the library
-            why = f" ({work.describe()})"
+                # a partial replacement (KA108 lists what stays in the library), except where
+                # the library answers on a branch that returns before the kernel would run
+                reasons = {id(call): " (on a branch that returns it without launching the "
+                                     "function's kernel: a fallback, not an epilogue)"
+                           for call in calls if _instead_of_kernel(model, call)}
+            else:
+                reasons = {id(call): f" ({work.describe()})" for call in calls}
         for call in calls:
+            if id(call) not in reasons:
+                continue
             yield self.report(model, call.call.unit.location(call.call.node),
                               f"{call.place} computes with {call.evidence} instead of a custom "
-                              f"kernel{why}", category=call.category)
+                              f"kernel{reasons[id(call)]}", category=call.category)
+
+
+def _running(model: SourceModel, calls: list[LibraryCall]) -> list[LibraryCall]:
+    """The calls whose host function can run: reached from the entry point, `__init__` or a
+    `backward`. An exported function nothing calls (KA104's finding) replaces nothing; code the
+    kernel graph does not hold (`PYBIND11_MODULE` lambdas) counts."""
+    if not calls:
+        return []
+    graph = KernelGraph.of(model)
+    if graph.forward is None:
+        return calls
+    used = graph.used()
+    return [call for call in calls if call.call.function is None
+            or f"cpp:{call.call.function.name}" not in graph.graph
+            or f"cpp:{call.call.function.name}" in used]
+
+
+def _instead_of_kernel(model: SourceModel, call: LibraryCall) -> bool:
+    """The call sits in a branch of an `if` that returns and launches nothing, in a host function
+    that launches a kernel on its other paths: `if (n > 1024) return torch::argmin(x, dim);`,
+    `else { return torch::max(x, dim).values; }`."""
+    function = call.call.function
+    if function is None or function.body is None:
+        return False
+    graph = KernelGraph.of(model)
+    if not _reaches_kernel(graph, function.name):
+        return False
+    body = _span(function.body)
+    child, parent = call.call.node, call.call.node.parent
+    while parent is not None and _span(parent) != body:
+        if parent.type == "if_statement" and child.type != "condition_clause" \
+                and _span(child) != _span(parent.child_by_field_name("condition")):
+            # a kernel launched before the `if` (chain) ran on this path too: an epilogue
+            top = parent
+            while top.parent is not None and top.parent.type == "else_clause" \
+                    and top.parent.parent is not None and top.parent.parent.type == "if_statement":
+                top = top.parent.parent
+            before = (body[0], top.start_byte)  # type: ignore[index]
+            return _returns(child) and not _launches(model, graph, _span(child)) \
+                and not _launches(model, graph, before)
+        child, parent = parent, parent.parent
+    return False
+
+
+def _span(node) -> tuple[int, int] | None:
+    return None if node is None else (node.start_byte, node.end_byte)
+
+
+def _reaches_kernel(graph: KernelGraph, host: str) -> bool:
+    return any(graph.graph.nodes[node]["kind"] == "kernel"
+               for node in graph.reachable_from(f"cpp:{host}"))
+
+
+def _returns(branch) -> bool:
+    stack = [branch]
+    while stack:
+        node = stack.pop()
+        if node.type == "return_statement":
+            return True
+        if node.type != "lambda_expression":
+            stack.extend(node.children)
+    return False
+
+
+def _launches(model: SourceModel, graph: KernelGraph, inside: tuple[int, int]) -> bool:
+    """The code between two offsets launches a kernel or calls a host function that does."""
+    index = CppIndex.of(model)
+
+    def within(node) -> bool:
+        return inside[0] <= node.start_byte and node.end_byte <= inside[1]
+
+    return any(within(launch.node) for launch in index.launches) or any(
+        within(other.node) and _reaches_kernel(graph, other.short_name) for other in index.calls)

@@ -44,8 +44,11 @@ class FloorDividedGrid(LaunchRule):
     sizes), a divisor that is itself a dimension of the data (`x.numel() / d` with
     `d = gamma.numel()`, `n // (C * H * W)`: the grid counts rows, exact for any input of a
     consistent shape; `x.numel() / (4 * d)` is a block of four rows and is reported), and a
-    second launch in the same host function that handles the tail. When the divisor cannot be tied to
-    the kernel's coverage the launch is left to KA207.
+    second launch in the same host function that handles the tail. The divisor must be what each
+    block covers of what the kernel stores: a grid `H // ks` whose blocks read a window
+    `oh * ks + di` of the input but write one output row each (floor-mode pooling, whose output
+    has exactly `H // ks` rows) drops only input the reference drops too. When the divisor cannot
+    be tied to the kernel's output coverage the launch is left to KA207.
 
     ## Why is this bad?
     `n / 256` blocks of 256 threads cover `n - n % 256` elements; the rest of the output is never
@@ -93,7 +96,9 @@ class FloorDividedGrid(LaunchRule):
             if dim.kind != "floor" or dim.division is None or launch.covered_by_loop(axis):
                 continue
             division = dim.division
-            coverage = launch.coverage_matches(axis, division.den)
+            # the divisor must be what each program covers of the output: a pooling window
+            # (`ih = oh * ks + di`) that is only read drops input, as floor-mode pooling does
+            coverage = launch.coverage_matches(axis, division.den, output_only=True)
             if coverage is None or launch.has_precondition(division.den) \
                     or launch.tail_launch() is not None:
                 continue

@@ -19,8 +19,9 @@ class GeometryUndecided(LaunchRule):
     a helper function, a parameter, an attribute or a device query (`grid = self.grid`,
     `get_grid(n)`, `cudaDevAttrMultiProcessorCount`), it is capped (`min(cdiv(n, 256), 1024)`)
     without a grid-stride loop, it rounds with a term too small to cover the remainder
-    (`(n + 127) / 256`), or it divides by a number kaudit cannot tie to the kernel's per-block
-    coverage; also a kernel launched indirectly (`cudaLaunchKernel`) or not found in the sources.
+    (`(n + 127) / 256`), or it divides by a number kaudit cannot tie to what each block of the
+    kernel writes (also a window each block only reads, `ih = oh * ks + di`: floor-mode pooling
+    drops the tail on purpose, a reduction should not); also a kernel launched indirectly (`cudaLaunchKernel`) or not found in the sources.
     Launches whose geometry is decided (rounded up, sized, covered by a loop, or reported by
     KA201-KA206) get no note.
 
@@ -99,10 +100,13 @@ def _undecided(launch: LaunchGeometry) -> str | None:
                     f"prove covers the remainder")
         if dim.kind == "floor" and dim.division is not None:
             division = dim.division
-            if launch.coverage_matches(axis, division.den) is None \
+            if launch.coverage_matches(axis, division.den, output_only=True) is None \
                     and launch.has_precondition(division.den) is None \
                     and launch.tail_launch() is None:
+                read = launch.coverage_matches(axis, division.den) is not None
                 return (f"{where} = {division.describe(launch.python)} rounds down, and kaudit "
                         f"cannot tie {division.den.show()} to the elements each block of the kernel "
-                        f"covers along {axis_index_name(launch, axis)}")
+                        f"{'writes' if read else 'covers'} along {axis_index_name(launch, axis)}"
+                        + (" (it reads that many, as a floor-mode pooling window does: whether "
+                           "the tail should be read depends on the reference)" if read else ""))
     return None

@@ -97,22 +97,24 @@ class LaunchGeometry:
                 self._dims[axis] = classify_dim(self.grid.get(axis))
         return self._dims[axis]
 
-    def coverage(self, axis: int) -> list[Expr]:
-        """Elements each block (program) covers along `axis`, in host terms."""
+    def coverage(self, axis: int, output_only: bool = False) -> list[Expr]:
+        """Elements each block (program) covers along `axis`, in host terms: by any index, or
+        by the indices it stores to (`output_only`)."""
         if self.kernel is None:
             return []
+        found = self.kernel.output_coverage if output_only else self.kernel.coverage
         try:
-            return [substitute(c, self.params) for c in self.kernel.coverage.get(axis, [])]
+            return [substitute(c, self.params) for c in found.get(axis, [])]
         except RecursionError:
             return []
 
     def covered_by_loop(self, axis: int) -> bool:
         return self.kernel is not None and axis in self.kernel.loop_axes
 
-    def coverage_matches(self, axis: int, den: Expr) -> Expr | None:
+    def coverage_matches(self, axis: int, den: Expr, output_only: bool = False) -> Expr | None:
         """The per-block coverage equal to a grid divisor, when the kernel has one."""
         den_value = evaluate(den)
-        for c in self.coverage(axis):
+        for c in self.coverage(axis, output_only):
             if equal(c, den) or (den_value is not None and evaluate(c) == den_value):
                 return c
         return None

@@ -168,9 +168,13 @@ def cuda_kernel_facts(host: CppHost, function: CppFunction) -> KernelFacts:  # n
         covered, strided = _c_loop_axes(loop, unit, scope, closure)
         loop_axes |= covered
         stride_axes |= strided
-    def coverage() -> dict[int, list[Expr]]:
+    written = frozenset().union(*(s.tokens for s in stores))
+
+    def coverage(output_only: bool) -> dict[int, list[Expr]]:
         found: dict[int, list[Expr]] = {}
         for name, defs in scope.defs.items():
+            if output_only and name not in written:
+                continue
             if len(defs) == 1 and defs[0].value is not None and "blockIdx." in deps_text(name):
                 _add_coverage(found, scope.resolve(name, 0), "blockIdx.")
         for _statement, _, target in stores_raw:
@@ -594,9 +598,13 @@ def triton_kernel_facts(host: PythonHost, kernel: TritonKernel) -> KernelFacts: 
         covered, strided = _py_loop_axes(loop, closure, tokens, constexpr, model)
         loop_axes |= covered
         stride_axes |= strided
-    def coverage() -> dict[int, list[Expr]]:
+    written = frozenset().union(*(s.tokens for s in stores))
+
+    def coverage(output_only: bool) -> dict[int, list[Expr]]:
         found: dict[int, list[Expr]] = {}
         for name, vs in values.items():
+            if output_only and name not in written:
+                continue
             if len(vs) == 1 and not isinstance(vs[0], _Opaque) \
                     and any(t.startswith("pid") for t in closure([name])):
                 _add_coverage(found, scope.resolve(name, (0, 0)), "pid")

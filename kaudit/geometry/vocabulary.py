@@ -83,7 +83,8 @@ class KernelFacts:
     thread_axes: set[int]  # threadIdx axes the stored indices depend on (CUDA)
     loop_axes: set[int]  # axes a loop walks over the whole size (grid-stride, persistent loops)
     stride_axes: set[int]  # axes with a loop stepping by gridDim / num_programs
-    coverage_source: Callable[[], dict[int, list[Expr]]]  # computes `coverage` when first asked
+    #: computes the coverage of every index (False) or of the stored indices only (True)
+    coverage_source: Callable[[bool], dict[int, list[Expr]]]
     stores: list[Store]
     #: computes the bounds by constants (True) or by parameters (False) when first asked
     bounds_source: Callable[[bool], list[IndexBound]]
@@ -91,7 +92,7 @@ class KernelFacts:
     template_params: list[str] = field(default_factory=list)
     constexpr: set[str] = field(default_factory=set)
 
-    _coverage: dict[int, list[Expr]] | None = None
+    _coverage: dict[bool, dict[int, list[Expr]]] = field(default_factory=dict)
     _bounds: dict[bool, list[IndexBound]] = field(default_factory=dict)
 
     def _bounds_of(self, fixed: bool) -> list[IndexBound]:
@@ -113,15 +114,25 @@ class KernelFacts:
         """Upper bounds on the global index by kernel parameters (`i < n`)."""
         return self._bounds_of(False)
 
+    def _coverage_of(self, output_only: bool) -> dict[int, list[Expr]]:
+        if output_only not in self._coverage:
+            try:
+                self._coverage[output_only] = self.coverage_source(output_only)
+            except RecursionError:
+                self._coverage[output_only] = {}
+        return self._coverage[output_only]
+
     @property
     def coverage(self) -> dict[int, list[Expr]]:
-        """Elements each block (program) covers along an axis, in kernel terms."""
-        if self._coverage is None:
-            try:
-                self._coverage = self.coverage_source()
-            except RecursionError:
-                self._coverage = {}
-        return self._coverage
+        """Elements each block (program) covers along an axis, in kernel terms, by any index it
+        reads or writes."""
+        return self._coverage_of(False)
+
+    @property
+    def output_coverage(self) -> dict[int, list[Expr]]:
+        """The same, by the indices of its stores only: what it covers of its outputs (a
+        pooling window `oh * ks + di` that is only read is not there)."""
+        return self._coverage_of(True)
 
 
 @dataclass
