@@ -418,7 +418,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                          "calls": schedule.randint(*options.calls)},
                       env=env, files=given, visible=visible, writable=(build,), **limits)
             with run_job(job) as candidate:
-                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options)
+                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
+                                bool((reference_result.value or {}).get("mutates_inputs")))
             if watched is None or run.status != "ok" or rejected(run):
                 return  # the second opinion is for kernels the watched calls found right
             plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,

@@ -69,6 +69,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
     import torch
 
     from .problem_job import float64_copy, scale_input
+    from .sentinels import as_bits
 
     _out_dir[:] = [out_dir]
     device = torch.device(args.get("device", "cpu"))
@@ -83,6 +84,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
         model = model.to(device)
     shapes = {}
     first: list = []
+    mutates = False  # the problem's own forward modifies its inputs (KD402 is then a warning)
     for name, seed in (("a", args["seeds"][0]), ("b", args["seeds"][1])):
         with phase("inputs"):
             torch.manual_seed(int(seed))
@@ -90,8 +92,11 @@ def run_reference(args: dict, out_dir: str) -> dict:
             torch.save(inputs, os.path.join(out_dir, f"inputs_{name}.pt"))
             first = first or inputs
         with phase("reference-forward"):
-            outputs = _forward(model, _to(inputs, device, torch), torch, device)
+            given = _to(inputs, device, torch)
+            outputs = _forward(model, given, torch, device)
             _save(torch, outputs, out_dir, f"ref_{name}.pt")
+            mutates = mutates or _changed([_cpu(v, torch) for v in given], inputs, torch,
+                                          as_bits)
             shapes[name] = [list(o.shape) for o in outputs]
     scales: dict[str, Any] = {}
     reference64 = None
@@ -116,7 +121,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
             scales[key] = {"scale": factor, "fp64": False,
                            "fp64_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return {"shapes": shapes, "scales": scales, "torch": torch.__version__,
-            "init_handed_over": handed_over}
+            "init_handed_over": handed_over, "mutates_inputs": mutates}
 
 
 def _hand_over(torch: Any, init_inputs: Any, model: Any, out_dir: str) -> bool:
