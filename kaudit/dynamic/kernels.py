@@ -18,7 +18,9 @@ For every kernel file the static scan read, this module (in the kaudit process):
    fragility, stale output, input mutation, side streams, work after return, tampering and a plain
    run that disagrees (KD1xx-KD4xx); failures are KD501 (candidate) or KD503 (reference). An audit
    that could not complete (a full disk, an error in kaudit) is KD504, and the scan goes on.
-5. with `--timing`, times a kernel without errors beside its reference in a fourth job
+5. for a kernel without errors, re-runs reference and kernel with the problem's module-level sizes
+   perturbed (`kaudit.dynamic.shapes`, KD302);
+6. with `--timing`, times a kernel without errors beside its reference in a fourth job
    (`kaudit.dynamic.timing`): the verdict's `measured`, and KD701 where a claimed speedup is not
    reproduced.
 
@@ -61,6 +63,7 @@ from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
+from kaudit.dynamic.shapes import shape_sweep
 from kaudit.dynamic.timing import TimingSettings, check_claims, measure, timing_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location
@@ -435,6 +438,10 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                         visible=visible, writable=(build,), **limits)
             with run_job(plain) as result:
                 second_opinion(add, result, refs["a"], watched, options.tolerance)
+            if not rejected(run):
+                shape_sweep(add, run.metrics, problem, Job(
+                    REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
+                    **limits), plain, os.path.getsize(reference_result.path("inputs_a.pt")))
             if options.timing.enabled(device) and not rejected(run):
                 timed = {k: v for k, v in given.items()
                          if k in ("in/inputs_a.pt", "in/inputs_b.pt", "in/init.pt")}

@@ -6,10 +6,11 @@ A kernel that passed the dynamic checks (no error) gets a timing job (`harness/t
 plain run in its own process: no poisoning, so nothing tells it apart from a benchmark's timing.
 From the per-trial times it hands back, this module computes, in kaudit's process:
 
-- `measured`: the candidate's and the reference's median milliseconds, the speedup (the smaller of
-  the reference's medians, before the kernel file was imported and during the alternating trials,
-  over the candidate's: a kernel that slows the reference down gains nothing), the IQR, the trial
-  count, the method and the device (with its clocks before and after, when torch can read them);
+- `measured`: the candidate's and the reference's median milliseconds in the alternating trials,
+  the speedup (their ratio), the IQR, the trial count, the method and the device (with its clocks
+  before and after, when torch can read them), and the reference's median before the kernel file
+  was imported (`reference_before_ms`: far below `reference_ms` on a quiet device, the kernel
+  may have slowed the reference down);
 - the method: `cuda` (CUDA events, checked against the wall clock: when the candidate's median wall
   time exceeds its median event time by more than `EVENT_SLACK` and `EVENT_SLACK_MS`, the events
   missed work, on another stream say, and both sides are taken by the wall clock: `cuda-wall`),
@@ -170,7 +171,10 @@ def measurement(info: dict, method: str, device: str) -> dict[str, Any]:
         before = [float(v) for v in info.get("reference_before") or []]
         reference_before = statistics.median(before) if before and use == "event" or \
             before and device != "cuda" else None
-    baseline = min(reference_ms, reference_before) if reference_before else reference_ms
+    # the reference alternating with the kernel cancels drift (a busy machine slows both); its
+    # time before the kernel file was imported is reported beside it, not used: a machine
+    # that got busier since would pass for a kernel that slowed the reference down
+    baseline = reference_ms
     if runtime <= 0 or not math.isfinite(runtime):
         raise ValueError(f"candidate time {runtime}")
     measured = {"runtime_ms": round(runtime, 6), "reference_ms": round(baseline, 6),

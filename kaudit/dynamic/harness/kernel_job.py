@@ -4,7 +4,8 @@
 two input seeds, saves the inputs `get_inputs()` gives (`inputs_a.pt`, `inputs_b.pt`, before forward
 runs) and the reference outputs (`ref_a.pt`, `ref_b.pt`). It also saves what the candidate needs to
 build its model without importing the problem (`init.pt`: the init inputs and Model's
-`state_dict`), and, for each input scale other than 1 (`scales`, KD301), the first seed's inputs
+`state_dict`; `sizes` rebinds module-level sizes of the problem first, for KD302), and, for each
+input scale other than 1 (`scales`, KD301), the first seed's inputs
 with their floating tensors multiplied by the scale (`inputs_s<k>.pt`), the reference output on
 them (`ref_s<k>.pt`) and a float64 copy of the reference model's output (`ref64_s<k>.pt`).
 
@@ -76,6 +77,8 @@ def run_reference(args: dict, out_dir: str) -> dict:
     _cap_gpu_memory(torch, device, args)
     with phase("problem-import"):
         problem = import_file("problem", args["problem"])
+        for name, value in (args.get("sizes") or {}).items():  # a shape sweep (KD302)
+            setattr(problem, name, value)
     with phase("reference-init"):
         torch.manual_seed(int(args["init_seed"]))
         init_inputs = problem.get_init_inputs()

@@ -119,12 +119,12 @@ class _Clock:
             return None, (self.perf() - began) * 1e3, result
 
 
-def _fresh(clock, torch, values, factor, device):
-    """New buffers holding `values`, floating tensors multiplied by `factor`."""
+def _fresh(clock, torch, values, factor):
+    """New buffers holding `values` (on the device), floating tensors multiplied by `factor`."""
     fresh = []
     for value in values:
         if isinstance(value, torch.Tensor):
-            value = clock.clone(value).to(device)
+            value = clock.clone(value)
             if factor != 1 and value.is_floating_point():
                 value = clock.mul(value, factor)
         fresh.append(value)
@@ -164,7 +164,9 @@ def run(args, out_dir):
         return torch.load(os.path.join(args["in_dir"], name), map_location="cpu",
                           weights_only=True)
 
-    pool = [load("inputs_a.pt"), load("inputs_b.pt")]
+    # on the device once; each trial copies them there into fresh buffers
+    pool = [[v.to(device) if isinstance(v, torch.Tensor) else v for v in load(name)]
+            for name in ("inputs_a.pt", "inputs_b.pt")]
     seed = int(args["init_seed"])
     problem = _load("problem", args["problem"])
     if os.path.exists(os.path.join(args["in_dir"], "init.pt")):
@@ -189,8 +191,8 @@ def run(args, out_dir):
     warmup = int(args.get("warmup", 3))
     if method == "robust":
         for _ in range(warmup):
-            clock.time(reference, _fresh(clock, torch, pool[0], 1, device))
-        before = [clock.time(reference, _fresh(clock, torch, pool[t % 2], 1, device))[:2]
+            clock.time(reference, _fresh(clock, torch, pool[0], 1))
+        before = [clock.time(reference, _fresh(clock, torch, pool[t % 2], 1))[:2]
                   for t in range(int(args.get("min_trials", 10)))]
         info["reference_before"] = [wall if event is None else event for event, wall in before]
     candidate_class = _load("kernel", args["kernel"]).ModelNew
@@ -200,7 +202,7 @@ def run(args, out_dir):
                                  int(args.get("max_trials", 100)), int(args.get("discard", 1)),
                                  device))
     else:
-        info.update(_robust(clock, torch, reference, candidate, pool, warmup, args, device,
+        info.update(_robust(clock, torch, reference, candidate, pool, warmup, args,
                             lambda t, result: _save_outputs(
                                 torch, result, os.path.join(out_dir, f"check{t}.pt"))))
     info["clock_mhz_after"] = _clock_mhz(torch, device)
@@ -208,13 +210,13 @@ def run(args, out_dir):
     return info
 
 
-def _robust(clock, torch, reference, candidate, pool, warmup, args, device, keep):
+def _robust(clock, torch, reference, candidate, pool, warmup, args, keep):
     """Warm-up, a trial count from the budget, then alternating trials (see the docstring)."""
     estimate = []
     for model in (reference, candidate):
         for _ in range(warmup):
-            clock.time(model, _fresh(clock, torch, pool[0], 1, device))
-        event, wall, _ = clock.time(model, _fresh(clock, torch, pool[0], 1, device))
+            clock.time(model, _fresh(clock, torch, pool[0], 1))
+        event, wall, _ = clock.time(model, _fresh(clock, torch, pool[0], 1))
         estimate.append(max(event or 0.0, wall))
     low, high = int(args.get("min_trials", 10)), int(args.get("max_trials", 100))
     trials = max(low, min(high, int(float(args.get("budget_s", 2.0)) * 1e3
@@ -226,8 +228,7 @@ def _robust(clock, torch, reference, candidate, pool, warmup, args, device, keep
         order = ("reference", "candidate") if t % 2 == 0 else ("candidate", "reference")
         for name in order:
             model = reference if name == "reference" else candidate
-            event, wall, result = clock.time(model, _fresh(clock, torch, pool[t % 2], factor,
-                                                           device))
+            event, wall, result = clock.time(model, _fresh(clock, torch, pool[t % 2], factor))
             times[name].append({"event": event, "wall": wall})
             if name == "candidate" and t in check:
                 keep(t, result)
@@ -237,7 +238,7 @@ def _robust(clock, torch, reference, candidate, pool, warmup, args, device, keep
 
 def _kernelbench(clock, torch, reference, candidate, inputs, warmup, trials, discard, device):
     """KernelBench's way: the same inputs every trial, the first `discard` trials dropped."""
-    inputs = _fresh(clock, torch, inputs, 1, device)
+    inputs = _fresh(clock, torch, inputs, 1)
     times = {}
     for name, model in (("candidate", candidate), ("reference", reference)):
         for _ in range(warmup):
