@@ -155,6 +155,9 @@ def test_results_tree_claims_against_measured_speedups_in_every_format(tmp_path)
     assert total["median_verified_speedup"] == honest["measured"]["speedup"]
     assert total["fast_1_verified"] in (0.0, 0.5)
     sarif = json.loads((out / "kaudit-dynamic.sarif").read_text())
+    from tests.test_sarif import validate
+
+    validate(sarif)
     (run,) = sarif["runs"]
     assert [r["ruleId"] for r in run["results"]] == ["KD701"]
     assert {Path(m["path"]).name: m["claimed_speedup"] for m in run["properties"]["measured"]} \
