@@ -17,6 +17,10 @@ For each case (a folder with problem.py and kernel.py) it times, compilation lef
 
     python bench/dynamic_overhead.py [--device cpu|cuda] [--cases NAME_OR_DIR ...] [--repeat N]
                                      [--sandbox both|on|off] [--json PATH]
+                                     [--timing off|on|kernelbench]
+
+`--timing on` (or `kernelbench`) adds the timing job of verified speedups to every audit (default
+off, so the figures stay those of the checks; run both to see what timing adds).
 
 Default cases: the good_* folders of fixtures/dynamic/ and bench/fixtures/ that can run on the
 device. The target is audit / plain-excluding-compile <= 2 on the GPU.
@@ -42,6 +46,7 @@ from kaudit.dynamic.kernels import (
     uses_triton,
 )
 from kaudit.dynamic.problems import resolve_device
+from kaudit.dynamic.timing import TimingSettings
 from kaudit.dynamic.tolerance import resolve
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -150,10 +155,10 @@ def audit(folder: Path, options: DynamicOptions, device: str) -> dict:
 
 
 def measure(folder: Path, device: str, repeat: int, extensions_dir: str,
-            modes: list[str]) -> dict:
+            modes: list[str], timing: str = "off") -> dict:
     """`modes`: the sandbox modes audited ("off", "on"); the last is the audit reported."""
     options = DynamicOptions(resolve(TOLERANCE, None, None), device=device, timeout=TIMEOUT_S,
-                             extensions_dir=extensions_dir)
+                             extensions_dir=extensions_dir, timing=TimingSettings(timing))
     audit(folder, options, device)  # warms the extension and Triton caches
     plains, audits = [], {mode: [] for mode in modes}
     for _ in range(repeat):  # interleaved, so drift hits all alike
@@ -226,6 +231,8 @@ def main() -> int:
                         help="audit without and with the OS sandbox (default: both where it "
                              "works, else off)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also save the figures here")
+    parser.add_argument("--timing", choices=("off", "on", "kernelbench"), default="off",
+                        help="also time each kernel beside its reference (verified speedups)")
     args = parser.parse_args()
     device = resolve_device(args.device or "auto")
     repeat = max(1, args.repeat)
@@ -237,14 +244,16 @@ def main() -> int:
         for folder in cases:
             print(f"{folder.name} ...", file=sys.stderr, flush=True)
             try:
-                figures = measure(folder, device, repeat, extensions_dir, modes)
+                figures = measure(folder, device, repeat, extensions_dir, modes, args.timing)
             except Exception as exc:  # noqa: BLE001 -- one broken case must not stop the others
                 figures = {"error": f"{type(exc).__name__}: {exc}"}
             results.append({"case": folder.name, **figures})
-    print(f"device {device}, repeat {repeat}, sandbox {chosen}, median seconds, compile excluded")
+    print(f"device {device}, repeat {repeat}, sandbox {chosen}, timing {args.timing}, median "
+          "seconds, compile excluded")
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps({"device": device, "repeat": repeat, "sandbox": chosen,
+                                         "timing": args.timing,
                                          "cases": results, "total": totals(results)},
                                         indent=2) + "\n")
     return 1 if any("error" in r for r in results) else 0

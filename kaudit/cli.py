@@ -123,6 +123,8 @@ def scan(
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
+    timing: Annotated[str, typer.Option("--timing", help="--dynamic: time each kernel that passed beside its reference (verified speedups, KD701): auto (on with CUDA), on, off, or kernelbench (KernelBench's own method).")] = "auto",  # noqa: E501
+    speedup_tolerance: Annotated[float, typer.Option(help="--dynamic --timing: KD701 when a claimed speedup exceeds the measured one by more than this factor.")] = 1.5,  # noqa: E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     if output_dir is not None:
@@ -133,7 +135,8 @@ def scan(
     if dynamic:
         _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
                      timeout, scales=scales, jobs=jobs, artifacts=artifacts,
-                     memory_limit=memory_limit, sandbox=sandbox)
+                     memory_limit=memory_limit, sandbox=sandbox,
+                     timing=(timing, speedup_tolerance))
     shown_from = Level(min_level.value) if min_level else None
     if output_dir is not None:
         _write_all(report, config, output_dir, shown_from)
@@ -213,10 +216,12 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                  problem: Path | None, problems_root: Path | None, tolerance: str | None,
                  atol: float | None, rtol: float | None, timeout: float, *, scales: str,
                  jobs: int | None, artifacts: Path | None, memory_limit: str | None,
-                 sandbox: SandboxMode = SandboxMode.auto) -> None:
+                 sandbox: SandboxMode = SandboxMode.auto,
+                 timing: tuple[str, float] = ("auto", 1.5)) -> None:
     from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
     from kaudit.dynamic.limits import parse_memory_limit
     from kaudit.dynamic.problems_cli import parse_scales
+    from kaudit.dynamic.timing import TimingSettings
 
     if problem is not None and not problem.is_file():
         _usage_error(f"--problem: not a file: {problem}")
@@ -228,6 +233,7 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
         chosen = tolerances.resolve(tolerance, atol, rtol)
         scale_factors = parse_scales(scales)
         memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
+        timing_settings = TimingSettings(timing[0], speedup_tolerance=timing[1])
     except ValueError as exc:
         _usage_error(str(exc))
     try:
@@ -238,7 +244,7 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                              str(problems_root) if problems_root else None, timeout,
                              scales=scale_factors, jobs=jobs or 1,
                              artifacts_dir=str(artifacts) if artifacts else None,
-                             memory_limit=memory)
+                             memory_limit=memory, timing=timing_settings)
     installation = _jobs_guarded(sandbox)
     progress = DelayedProgress("running kernels")
     try:

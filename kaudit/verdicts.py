@@ -8,7 +8,8 @@
 - `trusted`: none of these.
 
 Summaries per run and per level: claims that survive, claimed vs surviving median speedup, and
-the fast_p-style share of trusted kernels faster than the baseline."""
+the fast_p-style share of trusted kernels faster than the baseline; with `--timing`, the median
+speedup kaudit measured for the trusted kernels and fast_1 on those verified speedups."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class Verdict:
     #: where its findings are reported: the path the file was scanned by, which differs from
     #: `path` when several paths (runs sharing files through symlinks) reach one file
     file: str | None = None
+    #: what `--timing` measured (`kaudit.dynamic.timing.measurement`); None: not timed
+    measured: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         s = self.submission
@@ -55,14 +58,18 @@ class Verdict:
         }
         if s.benchmark != "kernelbench":  # KernelBench verdicts keep their shape
             data.update(benchmark=s.benchmark, task=s.task)
+        if self.measured is not None:
+            data["measured"] = dict(self.measured)
         return data
 
 
 def judge(path: str, submission: Submission, findings: Iterable[Finding],
           timings: BaselineTimings | None, suspicious_speedup: float,
-          file: str | None = None, incomplete: bool = False) -> Verdict:
+          file: str | None = None, incomplete: bool = False,
+          measured: dict[str, Any] | None = None) -> Verdict:
     """`incomplete`: the static analysis of the file stopped on an internal error, so the absence
-    of findings proves nothing."""
+    of findings proves nothing. `measured`: what `--timing` measured; a claimed speedup it did not
+    contradict (no KD701) is confirmed."""
     findings = list(findings)
     speedup = (timings or BaselineTimings()).speedup(submission)
     errors = sorted({f.rule for f in findings if f.level is Level.ERROR})
@@ -73,7 +80,7 @@ def judge(path: str, submission: Submission, findings: Iterable[Finding],
 
     def verdict(name: str, reasons: list[str]) -> Verdict:
         return Verdict(path, submission, name, reasons, speedup,
-                       file if file is not None and file != path else None)
+                       file if file is not None and file != path else None, measured)
 
     claim = submission.claim
     if claim.incorrect:
@@ -83,7 +90,7 @@ def judge(path: str, submission: Submission, findings: Iterable[Finding],
     if not_audited:
         return verdict(UNVERIFIED, not_audited + warnings)
     reasons = list(warnings)
-    if speedup is not None and speedup > suspicious_speedup:
+    if speedup is not None and speedup > suspicious_speedup and measured is None:
         reasons.append(f"claimed {speedup:.1f}x > {suspicious_speedup:g}x, unconfirmed")
     return verdict(SUSPICIOUS if reasons else TRUSTED, reasons)
 
@@ -116,6 +123,7 @@ def _figures(verdicts: list[Verdict]) -> dict[str, Any]:
     surviving_speedups = [v.speedup for v in surviving if v.speedup is not None]
     fast = [v for v in surviving if v.speedup is not None and v.speedup > 1.0]
     timed = any(v.speedup is not None for v in verdicts)
+    verified = [v.measured["speedup"] for v in verdicts if v.measured and v.verdict == TRUSTED]
     return {
         "kernels": len(verdicts),
         **{name.replace("-", "_"): sum(v.verdict == name for v in verdicts) for name in VERDICTS},
@@ -126,4 +134,8 @@ def _figures(verdicts: list[Verdict]) -> dict[str, Any]:
             statistics.median(surviving_speedups) if surviving_speedups else None,
         # None without any speedup (no timings): "0% fast" would be a claim nobody measured
         "fast_1": len(fast) / len(verdicts) if verdicts and timed else None,
+        # measured by --timing: the trusted kernels' verified speedups, and fast_1 on them
+        "median_verified_speedup": statistics.median(verified) if verified else None,
+        "fast_1_verified": sum(s > 1.0 for s in verified) / len(verdicts)
+        if verdicts and any(v.measured for v in verdicts) else None,
     }

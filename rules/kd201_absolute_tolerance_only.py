@@ -11,6 +11,8 @@ class AbsoluteToleranceOnly(DynamicRule):
     scale-invariant check fails: the relative L2 error or the largest error divided by the largest
     |reference| exceeds the limit for the output dtype (fp32: 1e-3 and 1e-2; fp16: 1e-2 and 5e-2;
     bf16: 5e-2 and 1e-1; fp64: 1e-6 and 1e-5). The numbers are in the message and `metrics`.
+    A warning; an error when the relative L2 error is 0.5 or more: the output then carries none
+    of the reference's signal (an output of zeros has 1.0), whatever the tolerance accepted.
 
     ## Why is this bad?
     When the reference output is tiny (~1e-8), `atol` alone accepts almost anything, including an

@@ -6,13 +6,15 @@ class InputMutation(DynamicRule):
     """forward modifies its inputs.
 
     ## What it does
-    Saves the inputs after the plain (unpoisoned) call and compares them, bit for bit, with the
-    inputs as `get_inputs()` produced them. Reported with the count of changed elements per input.
+    Compares the inputs after every call, bit for bit, with the inputs as `get_inputs()` produced
+    them. Reported with the count of changed elements per input and the first call that changed
+    them. An error; a warning when the reference problem's own forward modifies its inputs too
+    (the reference job checks that).
 
     ## Why is this bad?
     A harness that reuses its inputs for the reference, for a later trial or for timing runs then
     computes on different data; an input overwritten with the answer or with zeros can make a wrong
-    kernel look right. In-place updates that the reference also does are rare but honest: check.
+    kernel look right.
 
     ## Example
     ```python
@@ -30,6 +32,6 @@ class InputMutation(DynamicRule):
 
     code = "KD402"
     name = "input-mutation"
-    level = Level.WARNING
+    level = Level.ERROR
     precision = Precision.HIGH
     tags = ('dynamic', 'integrity')

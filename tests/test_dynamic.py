@@ -117,6 +117,28 @@ def test_write_coverage_numbers(fixture_runs):
     assert fixture_runs["good_cpp_extension"].metrics["poisoned"] >= 4  # one per poisoned run
 
 
+def test_levels_follow_what_the_output_still_carries(fixture_runs):
+    """KD201 is an error at a relative L2 error of 0.5 or more (the output carries none of the
+    reference's signal), a warning below; KD402 an error, a warning when the reference problem
+    modifies its inputs too."""
+    def finding(name: str, code: str):
+        (found,) = [f for f in fixture_runs[name].findings if f.rule == code]
+        return found
+
+    hardtanh = finding("bad_tiny_output_hardtanh", "KD201")
+    assert hardtanh.level.value == "warning" and 0.1 < hardtanh.metrics["relative_l2"] < 0.5
+    for name in ("bad_tiny_output_atol", "bad_zeros_tiny_triton", "bad_tiny_output_approx_triton"):
+        tiny = finding(name, "KD201")
+        assert tiny.level.value == "error" and tiny.metrics["relative_l2"] >= 0.5, tiny.message
+        assert "none of the reference's signal" in tiny.message
+    assert finding("bad_zeros_tiny_triton", "KD201").metrics["relative_l2"] == 1.0
+    for name in ("bad_zeroes_input", "bad_inplace_triton"):
+        assert finding(name, "KD402").level.value == "error"
+    as_reference = finding("bad_inplace_as_reference", "KD402")
+    assert as_reference.level.value == "warning"
+    assert "the reference problem modifies its inputs too" in as_reference.message
+
+
 def test_allocations_are_poisoned_on_the_device(fixture_runs):
     (empty,) = fixture_runs["bad_empty_output"].findings
     assert empty.rule == "KD101" and empty.metrics["fraction"] == 1.0

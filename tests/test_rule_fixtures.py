@@ -12,6 +12,7 @@ import pytest
 from kaudit import Config, Level, scan_paths
 from kaudit.rule import all_rules
 from tests.conftest import (
+    FIXTURES,
     RULE_FIXTURES,
     dynamic_fixtures,
     expected_findings,
@@ -59,6 +60,10 @@ def test_every_rule_has_bad_and_good_fixtures(rule):
         # fixtures/dynamic/, marked on ModelNew's `def forward` line and run by tests/test_dynamic.py
         marked = {code for folder in dynamic_fixtures() if folder.name.startswith("bad_")
                   for code, _ in expected_findings(folder / "kernel.py")}
+        # KD701 judges a claimed speedup: its fixture is a results tree with an honest and an
+        # inflated claim, fixtures/timing/, run by tests/test_timing.py
+        marked |= {code for path in (FIXTURES / "timing").rglob("*_kernel.py")
+                   for code, _ in expected_findings(path)}
         assert rule.code in marked, f"{rule.code} needs a dynamic fixture that fires"
         assert any(p.name.startswith("good_") for p in dynamic_fixtures())
         return

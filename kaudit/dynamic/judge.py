@@ -44,6 +44,9 @@ DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 SCALE_FREE = {"float64": (1e-6, 1e-5), "float32": (1e-3, 1e-2), "float16": (1e-2, 5e-2),
               "bfloat16": (5e-2, 1e-1)}
 SCALE_FREE_DEFAULT = (1e-3, 1e-2)
+#: KD201 is an error from this relative L2 error on: the output carries none of the reference's
+#: signal (zeros where the reference is tiny have 1.0)
+NO_SIGNAL_L2 = 0.5
 
 
 class Adder:
@@ -52,12 +55,16 @@ class Adder:
     def __init__(self, run: KernelRun, where: Location) -> None:
         self.run, self.where = run, where
 
-    def __call__(self, code: str, message: str, **metrics: Any) -> None:
+    def __call__(self, code: str, message: str, *, level: Level | None = None,
+                 **metrics: Any) -> None:
+        """`level`: this finding's level when it differs from the rule's (KD201 at an error that
+        leaves none of the reference's signal)."""
         rule = rule_by_code(code)
         assert rule is not None, code
         finding = rule().finding(self.where, message,
                                  **{k: v for k, v in metrics.items() if v is not None})
-        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic"))
+        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic",
+                                                     level=level or finding.level))
 
 
 def failure_metrics(result: RunResult) -> dict[str, Any]:
@@ -87,9 +94,10 @@ def not_audited(add: Adder, result: RunResult, what: str) -> None:
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
-          scaled_refs: list[dict], options: Any) -> list | None:
+          scaled_refs: list[dict], options: Any, reference_mutates: bool = False) -> list | None:
     """The findings of the candidate job; returns its first call's outputs when it could judge
-    them (for `second_opinion`)."""
+    them (for `second_opinion`). `reference_mutates`: the reference job saw the problem's own
+    forward modify its inputs (KD402 is then a warning)."""
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -156,7 +164,8 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
-        _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"))
+        _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"),
+                  reference_mutates=reference_mutates)
     return plain_a
 
 
@@ -498,8 +507,12 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
                    "tolerance": tolerance.name, "call": call}
         correct = correct and scale_ok
         if preset and not scale_ok:
+            no_signal = rel >= NO_SIGNAL_L2
             add("KD201", f"{name}{when} passes {tolerance.name} allclose (atol {atol:g}, rtol "
-                f"{rtol:g}) only through its absolute part: {numbers}", **metrics)
+                f"{rtol:g}) only through its absolute part: {numbers}"
+                + (f"; a relative L2 error of {NO_SIGNAL_L2:g} or more leaves none of the "
+                   f"reference's signal" if no_signal else ""),
+                level=Level.ERROR if no_signal else None, **metrics)
         elif not preset and not scale_ok:
             add("KD202", f"wrong output{when}: {name} fails {tolerance.name} allclose (atol "
                 f"{atol:g}, rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
@@ -525,22 +538,27 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
     return False
 
 
-def _mutation(add: Adder, before: list, after: list, call: int | None = None) -> None:
-    """KD402, from the inputs of the first call that changed them (compared here, again)."""
+def _mutation(add: Adder, before: list, after: list, call: int | None = None,
+              reference_mutates: bool = False) -> None:
+    """KD402, from the inputs of the first call that changed them (compared here, again): an
+    error, a warning when the reference problem modifies its inputs too."""
     when = f" (call {call})" if call else ""
+    level = Level.WARNING if reference_mutates else None
+    also = "; the reference problem modifies its inputs too" if reference_mutates else ""
     for index, (old, new) in enumerate(zip(before, after)):
         if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
             continue
         if old.shape != new.shape or old.dtype != new.dtype:
-            add("KD402", f"input {index} changed shape or dtype during forward{when}",
-                input=index, call=call)
+            add("KD402", f"input {index} changed shape or dtype during forward{when}{also}",
+                level=level, input=index, call=call)
             continue
         changed = sentinels.as_bits(old) != sentinels.as_bits(new)
         count = int(changed.sum())
         if count:
             add("KD402", f"input {index} ({_describe_tensor(old)}) was modified by forward"
                 f"{when}: {count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) "
-                f"differ afterwards", input=index, changed=count, numel=old.numel(), call=call)
+                f"differ afterwards{also}", level=level, input=index, changed=count,
+                numel=old.numel(), call=call)
 
 
 def _output_name(index: int, outputs: list) -> str:

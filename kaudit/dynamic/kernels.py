@@ -18,6 +18,11 @@ For every kernel file the static scan read, this module (in the kaudit process):
    fragility, stale output, input mutation, side streams, work after return, tampering and a plain
    run that disagrees (KD1xx-KD4xx); failures are KD501 (candidate) or KD503 (reference). An audit
    that could not complete (a full disk, an error in kaudit) is KD504, and the scan goes on.
+5. for a kernel without errors, re-runs reference and kernel with the problem's module-level sizes
+   perturbed (`kaudit.dynamic.shapes`, KD302);
+6. with `--timing`, times a kernel without errors beside its reference in a fourth job
+   (`kaudit.dynamic.timing`): the verdict's `measured`, and KD701 where a claimed speedup is not
+   reproduced.
 
 Kernels run `DynamicOptions.jobs` at a time, on CUDA spread over the visible GPUs (`GpuSlots`).
 
@@ -58,6 +63,8 @@ from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
+from kaudit.dynamic.shapes import shape_sweep
+from kaudit.dynamic.timing import TimingSettings, check_claims, measure, timing_job
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location
 
@@ -104,6 +111,8 @@ class DynamicOptions:
     key: str = field(default_factory=lambda: secrets.token_hex(16))
     #: calls on the candidate's plain model: drawn per kernel in this range
     calls: tuple[int, int] = CALLS
+    #: verified speedups (`--timing`, `kaudit.dynamic.timing`)
+    timing: TimingSettings = field(default_factory=TimingSettings)
 
 
 @dataclass
@@ -418,7 +427,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                          "calls": schedule.randint(*options.calls)},
                       env=env, files=given, visible=visible, writable=(build,), **limits)
             with run_job(job) as candidate:
-                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options)
+                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
+                                bool((reference_result.value or {}).get("mutates_inputs")))
             if watched is None or run.status != "ok" or rejected(run):
                 return  # the second opinion is for kernels the watched calls found right
             plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
@@ -428,6 +438,17 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                         visible=visible, writable=(build,), **limits)
             with run_job(plain) as result:
                 second_opinion(add, result, refs["a"], watched, options.tolerance)
+            if not rejected(run):
+                shape_sweep(add, run.metrics, problem, Job(
+                    REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
+                    **limits), plain, os.path.getsize(reference_result.path("inputs_a.pt")))
+            if options.timing.enabled(device) and not rejected(run):
+                timed = {k: v for k, v in given.items()
+                         if k in ("in/inputs_a.pt", "in/inputs_b.pt", "in/init.pt")}
+                measure(add, run.metrics, timing_job(
+                    options.timing, common, kernel, build, options.key, run.path, env=env,
+                    files=timed, visible=visible, writable=(build,), **limits),
+                    refs, options.tolerance, device)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:
@@ -465,12 +486,14 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
         static.setdefault(finding.path, []).append(finding)
 
     def finished(done: int, total: int, item: WorkItem, run: KernelRun, seconds: float) -> None:
-        verdict = judge(item.display, item.submission or Submission("plain"),
-                        static.get(item.display, []) + run.findings, timings,
-                        config.suspicious_speedup)
-        on_kernel(done, total, item.display, verdict.verdict, seconds)
+        check_claims([item], [run], timings, options.timing.speedup_tolerance)  # KD701
+        if on_kernel:
+            verdict = judge(item.display, item.submission or Submission("plain"),
+                            static.get(item.display, []) + run.findings, timings,
+                            config.suspicious_speedup, measured=run.metrics.get("measured"))
+            on_kernel(done, total, item.display, verdict.verdict, seconds)
 
-    runs = audit_items(items, options, device, finished if on_kernel else None)
+    runs = audit_items(items, options, device, finished)
     lines_of: dict[str, list[str]] = {}
     for item in items:
         if item.text is not None:
@@ -491,9 +514,11 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
     by_path: dict[str, list[Finding]] = {}
     for finding in report.findings:
         by_path.setdefault(finding.path, []).append(finding)
+    measured = {r.path: r.metrics["measured"] for r in runs if "measured" in r.metrics}
     report.verdicts = [judge(v.path, v.submission or Submission("plain"),
                              by_path.get(v.file or v.path, []), timings,
-                             config.suspicious_speedup, file=v.file) for v in report.verdicts]
+                             config.suspicious_speedup, file=v.file,
+                             measured=measured.get(v.file or v.path)) for v in report.verdicts]
     report.summary = summarize(report.verdicts)
     report.summary["dynamic"] = {"device": device, "kernels": len(runs),
                                  "statuses": _count(r.status for r in runs)}

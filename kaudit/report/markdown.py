@@ -92,7 +92,7 @@ def render(report: Report, folder: str | None = None) -> str:
     for title, rows in (("Per run", report.summary.get("runs", [])),
                         ("Per level", report.summary.get("levels", []))):
         if any(row["key"] is not None for row in rows):
-            lines += [f"### {title}", "", _figures_header(), "|---|---|---|---|---|---|---|"]
+            lines += [f"### {title}", "", _figures_header(), "|---|---|---|---|---|---|---|---|---|"]
             lines += [_figures_row(row) for row in rows]
             lines.append("")
     questionable = sorted((v for v in report.verdicts if v.verdict != TRUSTED),
@@ -104,6 +104,8 @@ def render(report: Report, folder: str | None = None) -> str:
             claimed = text(verdict.submission.claim.said)
             if verdict.speedup is not None:
                 claimed += f", {verdict.speedup:.2f}x"
+            if verdict.measured:
+                claimed += f" (measured {verdict.measured['speedup']:.2f}x)"
             lines.append(f"| {code(verdict.path)} | {claimed} | **{verdict.verdict}** | "
                          f"{text(', '.join(verdict.reasons))} |")
         if len(questionable) > MAX_ROWS:
@@ -127,7 +129,7 @@ def render(report: Report, folder: str | None = None) -> str:
 
 def _figures_header() -> str:
     return ("| group | kernels | claimed correct | surviving | median claimed speedup | "
-            "median surviving speedup | fast_1 |")
+            "median surviving speedup | fast_1 | median verified speedup | fast_1 verified |")
 
 
 def _figures_row(row: dict[str, Any]) -> str:
@@ -135,10 +137,11 @@ def _figures_row(row: dict[str, Any]) -> str:
         return "-" if value is None else f"{value:.2f}x"
 
     fast = "-" if row["fast_1"] is None else f"{row['fast_1']:.0%}"
+    verified = "-" if row.get("fast_1_verified") is None else f"{row['fast_1_verified']:.0%}"
     return (f"| {text(row['key']) if row['key'] is not None else '(none)'} | {row['kernels']} | "
             f"{row['claimed_correct']} | {row['surviving']} | "
             f"{speed(row['median_claimed_speedup'])} | {speed(row['median_surviving_speedup'])} | "
-            f"{fast} |")
+            f"{fast} | {speed(row.get('median_verified_speedup'))} | {verified} |")
 
 
 def _picture(finding: Finding, folder: str | None) -> str:

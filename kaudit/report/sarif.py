@@ -49,6 +49,10 @@ def render(report: Report, rules: list[type[Rule]], category: str = "kaudit/stat
     log = sarif.SarifLog(version="2.1.0", schema_uri=SCHEMA_URI, runs=[run])
     data = json.loads(to_json(log))
     _restore_levels(data["runs"][0], rules, [f for f in report.findings if f.rule in index])
+    measured = [{"path": v.path, "claimed_speedup": v.speedup, **v.measured}
+                for v in report.verdicts if v.measured]
+    if measured and any(rule.audit == "dynamic" for rule in rules):  # the dynamic run's
+        data["runs"][0].setdefault("properties", {})["measured"] = measured
     return json.dumps(data, indent=2) + "\n"
 
 

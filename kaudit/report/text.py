@@ -44,6 +44,8 @@ def render(report: Report, console: Console) -> None:
                       soft_wrap=True)
     if tables or "dynamic" in report.summary:
         console.print(escape(verdict_line(report)), soft_wrap=True)
+        if verified_line(report):
+            console.print(escape(verified_line(report)), soft_wrap=True)
     console.print(escape(summary(report)), soft_wrap=True)
 
 
@@ -71,8 +73,7 @@ def _verdict_tables(report: Report, console: Console) -> None:
         for verdict, path in zip(verdicts, shown):
             s = verdict.submission
             table.add_row(escape(path), _cell(s.level), _cell(s.problem), _cell(s.sample),
-                          escape(s.claim.said), "-" if verdict.speedup is None
-                          else f"{verdict.speedup:.2f}x",
+                          escape(s.claim.said), _speedups(verdict),
                           f"[{VERDICT_STYLE[verdict.verdict]}]{verdict.verdict}[/]",
                           escape(", ".join(verdict.reasons)))
         console.print(escape(f"run {run or '(none)'}: {row.get('surviving', 0)} of "
@@ -101,7 +102,25 @@ def _figures_caption(row: dict) -> str:
                        if row.get(name.replace("-", "_")))
     fast = "-" if row.get("fast_1") is None else f"{row['fast_1']:.0%}"
     return (f"{counts}; median speedup claimed {speed(row.get('median_claimed_speedup'))}, "
-            f"surviving {speed(row.get('median_surviving_speedup'))}; fast_1 {fast}")
+            f"surviving {speed(row.get('median_surviving_speedup'))}; fast_1 {fast}"
+            + verified_caption(row))
+
+
+def verified_caption(row: dict) -> str:
+    """The verified figures (`--timing`), when something was measured."""
+    if row.get("fast_1_verified") is None:
+        return ""
+    median = row.get("median_verified_speedup")
+    return (f"; verified median speedup {'-' if median is None else f'{median:.2f}x'}, "
+            f"fast_1 verified {row['fast_1_verified']:.0%}")
+
+
+def _speedups(verdict: Verdict) -> str:
+    """The claimed speedup, and what --timing measured: `5.00x / 1.02x`."""
+    claimed = "-" if verdict.speedup is None else f"{verdict.speedup:.2f}x"
+    if verdict.measured:
+        return f"{claimed} / {verdict.measured['speedup']:.2f}x"
+    return claimed
 
 
 def _cell(value: object) -> str:
@@ -114,6 +133,17 @@ def verdict_line(report: Report) -> str:
     counts = ", ".join(f"{total.get(name.replace('-', '_'), 0)} {name}" for name in VERDICTS)
     kernels = total.get("kernels", 0)
     return f"{kernels} kernel{'s' if kernels != 1 else ''}: {counts}"
+
+
+def verified_line(report: Report) -> str:
+    """Claimed versus verified speedups over all kernels, when --timing measured any."""
+    total = report.summary.get("total", {})
+    caption = verified_caption(total)
+    if not caption:
+        return ""
+    claimed = total.get("median_claimed_speedup")
+    return (f"speedups: median claimed {'-' if claimed is None else f'{claimed:.2f}x'}"
+            + caption)
 
 
 def summary(report: Report) -> str:

@@ -4,7 +4,8 @@
 two input seeds, saves the inputs `get_inputs()` gives (`inputs_a.pt`, `inputs_b.pt`, before forward
 runs) and the reference outputs (`ref_a.pt`, `ref_b.pt`). It also saves what the candidate needs to
 build its model without importing the problem (`init.pt`: the init inputs and Model's
-`state_dict`), and, for each input scale other than 1 (`scales`, KD301), the first seed's inputs
+`state_dict`; `sizes` rebinds module-level sizes of the problem first, for KD302), and, for each
+input scale other than 1 (`scales`, KD301), the first seed's inputs
 with their floating tensors multiplied by the scale (`inputs_s<k>.pt`), the reference output on
 them (`ref_s<k>.pt`) and a float64 copy of the reference model's output (`ref64_s<k>.pt`).
 
@@ -69,12 +70,15 @@ def run_reference(args: dict, out_dir: str) -> dict:
     import torch
 
     from .problem_job import float64_copy, scale_input
+    from .sentinels import as_bits
 
     _out_dir[:] = [out_dir]
     device = torch.device(args.get("device", "cpu"))
     _cap_gpu_memory(torch, device, args)
     with phase("problem-import"):
         problem = import_file("problem", args["problem"])
+        for name, value in (args.get("sizes") or {}).items():  # a shape sweep (KD302)
+            setattr(problem, name, value)
     with phase("reference-init"):
         torch.manual_seed(int(args["init_seed"]))
         init_inputs = problem.get_init_inputs()
@@ -83,6 +87,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
         model = model.to(device)
     shapes = {}
     first: list = []
+    mutates = False  # the problem's own forward modifies its inputs (KD402 is then a warning)
     for name, seed in (("a", args["seeds"][0]), ("b", args["seeds"][1])):
         with phase("inputs"):
             torch.manual_seed(int(seed))
@@ -90,8 +95,11 @@ def run_reference(args: dict, out_dir: str) -> dict:
             torch.save(inputs, os.path.join(out_dir, f"inputs_{name}.pt"))
             first = first or inputs
         with phase("reference-forward"):
-            outputs = _forward(model, _to(inputs, device, torch), torch, device)
+            given = _to(inputs, device, torch)
+            outputs = _forward(model, given, torch, device)
             _save(torch, outputs, out_dir, f"ref_{name}.pt")
+            mutates = mutates or _changed([_cpu(v, torch) for v in given], inputs, torch,
+                                          as_bits)
             shapes[name] = [list(o.shape) for o in outputs]
     scales: dict[str, Any] = {}
     reference64 = None
@@ -116,7 +124,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
             scales[key] = {"scale": factor, "fp64": False,
                            "fp64_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return {"shapes": shapes, "scales": scales, "torch": torch.__version__,
-            "init_handed_over": handed_over}
+            "init_handed_over": handed_over, "mutates_inputs": mutates}
 
 
 def _hand_over(torch: Any, init_inputs: Any, model: Any, out_dir: str) -> bool:
