@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kaudit.dynamic import acceptance
 from kaudit.dynamic.harness import sentinels
-from kaudit.dynamic.probes import passes
 from kaudit.dynamic.runner import OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Level, Location
@@ -52,12 +52,15 @@ class Adder:
     def __init__(self, run: KernelRun, where: Location) -> None:
         self.run, self.where = run, where
 
-    def __call__(self, code: str, message: str, **metrics: Any) -> None:
+    def __call__(self, code: str, message: str, level: Level | None = None,
+                 **metrics: Any) -> None:
+        """`level`: this finding's, where its rule's depends on what was measured."""
         rule = rule_by_code(code)
         assert rule is not None, code
         finding = rule().finding(self.where, message,
                                  **{k: v for k, v in metrics.items() if v is not None})
-        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic"))
+        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic",
+                                                     level=level or finding.level))
 
 
 def failure_metrics(result: RunResult) -> dict[str, Any]:
@@ -145,6 +148,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         add("KD202", f"wrong output: {layout}", reason="layout")
         return
     incomplete, unwritten = _coverage(add, ref_a, poisoned, oob, options)
+    acceptance.report_unwritten_slack(add, ref_a, plain_a, unwritten, options.tolerance)
     _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, unwritten, options)
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
@@ -152,6 +156,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     if correct and worst is not None:
         correct = _correctness(add, ref_a, worst, options.tolerance,
                                call=info.get("worst_call"), calls=info.get("calls"))
+    run.metrics["benchmark_accepts"] = acceptance.accepts_all(ref_a, plain_a, options.tolerance)
     stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
     if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
@@ -243,8 +248,8 @@ def _tampering(add: Adder, tampered: list) -> None:
 def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
                    tolerance: Tolerance) -> None:
     """KD406: the plain run (no poisoning, no watching, a few calls) of a kernel the watched calls
-    found right fails a check its first watched call passed: the preset's allclose, or the
-    scale-invariant check."""
+    found right fails a check its first watched call passed: the benchmark's (`Tolerance.accepts`),
+    or the scale-invariant check."""
     if not plain.ok:
         if disk_full(plain):
             not_audited(add, plain, "plain run")
@@ -275,11 +280,10 @@ def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
 def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
            tolerance: Tolerance) -> str | None:
     """What the plain output fails that the watched one passed, or None."""
-    atol, rtol = tolerance.for_dtype(_dtype(reference))
     rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
     name = _output_name(index, outputs)
-    if passes(reference, watched, atol, rtol) and not passes(reference, plain, atol, rtol):
-        return f"{name} fails {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g})"
+    if tolerance.accepts(reference, watched) and not tolerance.accepts(reference, plain):
+        return f"{name} fails {tolerance.check_text(_dtype(reference))}"
     rel, ratio = scale_free_errors(reference, plain)
     watched_rel, watched_ratio = scale_free_errors(reference, watched)
     if watched_rel <= rel_limit and watched_ratio <= ratio_limit and \
@@ -484,7 +488,8 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
     for index, (ref, out) in enumerate(zip(reference, candidate)):
         dtype = _dtype(ref)
         atol, rtol = tolerance.for_dtype(dtype)
-        preset = passes(ref, out, atol, rtol)
+        preset = tolerance.accepts(ref, out)
+        check = tolerance.check_text(dtype)
         rel, ratio = scale_free_errors(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
         scale_ok = rel <= rel_limit and ratio <= ratio_limit
@@ -497,12 +502,15 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
                    "max_abs_reference": peak, "atol": atol, "rtol": rtol,
                    "tolerance": tolerance.name, "call": call}
         correct = correct and scale_ok
+        if acceptance.report_slack(add, name, when, ref, out, tolerance, scale_ok, numbers,
+                                   metrics):
+            continue
         if preset and not scale_ok:
-            add("KD201", f"{name}{when} passes {tolerance.name} allclose (atol {atol:g}, rtol "
-                f"{rtol:g}) only through its absolute part: {numbers}", **metrics)
+            add("KD201", f"{name}{when} passes {check} only through its absolute part: "
+                f"{numbers}", **metrics)
         elif not preset and not scale_ok:
-            add("KD202", f"wrong output{when}: {name} fails {tolerance.name} allclose (atol "
-                f"{atol:g}, rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
+            add("KD202", f"wrong output{when}: {name} fails {check} and the scale-invariant "
+                f"check: {numbers}", **metrics)
     return correct
 
 
@@ -511,8 +519,7 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
     """KD401; True when reported."""
     def matches(refs: list, outs: list) -> bool:
         return len(refs) == len(outs) and all(
-            r.shape == o.shape and passes(r, o, *tolerance.for_dtype(_dtype(r)))
-            for r, o in zip(refs, outs))
+            tolerance.accepts(r, o) for r, o in zip(refs, outs))
 
     if matches(ref_a, ref_b) or not matches(ref_a, plain):
         return False  # inputs A and B give the same answer, or the first call was already wrong

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic import scratch
+from kaudit.dynamic import adapted, scratch
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.judge import (
     Adder,
@@ -104,6 +104,9 @@ class DynamicOptions:
     key: str = field(default_factory=lambda: secrets.token_hex(16))
     #: calls on the candidate's plain model: drawn per kernel in this range
     calls: tuple[int, int] = CALLS
+    #: another benchmark's submission is judged by its benchmark's check (`ProblemSpec.tolerance`)
+    #: unless the scan chose one
+    benchmark_checks: bool = True
 
 
 @dataclass
@@ -214,7 +217,7 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
                 Path(item.file).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        if "ModelNew" in text:
+        if "ModelNew" in text or adapted.wrapped(item):
             work.append((item, text))
     builds = BuildCache(options.extensions_dir)
     try:
@@ -237,16 +240,19 @@ def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, devic
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             file = item.file
-            if item.text is not None:
+            if item.text is not None and not adapted.wrapped(item):
                 folder = scratch.folder()  # a neutral name: the job sees this path
                 stack.callback(scratch.remove, folder)
                 file = _materialise_record(item, text, str(folder))
             gpu = stack.enter_context(slots.take()) if slots else None
-            run = audit_kernel(file, item.display, text, options, device,
-                               submission.reference if submission else None,
-                               submission.level if submission else None,
-                               submission.problem if submission else None, gpu=gpu,
-                               builds=builds)
+            if adapted.wrapped(item):  # another benchmark's layout: run through a wrapper
+                run = adapted.audit(item, text, options, device, gpu=gpu, builds=builds)
+            else:
+                run = audit_kernel(file, item.display, text, options, device,
+                                   submission.reference if submission else None,
+                                   submission.level if submission else None,
+                                   submission.problem if submission else None, gpu=gpu,
+                                   builds=builds)
         with lock:
             done[0] += 1
             if on_kernel:
@@ -452,13 +458,14 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
     from kaudit.baseline import load_baseline, mark_findings
     from kaudit.discover import by_file, discover
     from kaudit.findings import assign_fingerprints
-    from kaudit.results import BaselineTimings, ResultTrees, Submission
+    from kaudit.adapters import adapt
+    from kaudit.results import BaselineTimings, Submission
     from kaudit.source import split_lines
     from kaudit.verdicts import judge, summarize
 
     device = resolve_device(options.device)
     found = discover(list(paths))
-    items = [scanned for scanned, _ in by_file(ResultTrees().annotate(found.items))]
+    items = [scanned for scanned, _ in by_file(adapt(found, config.benchmark).items)]
     timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
     static: dict[str, list[Finding]] = {}
     for finding in report.findings:

@@ -411,6 +411,7 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     import torch
 
     from kaudit.dynamic import probes
+    from kaudit.dynamic.acceptance import best_constant
 
     outputs = [load_output(result, s["native"], manifest) for s in seeds]
     _check_consistent(outputs)
@@ -422,24 +423,23 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     problem.stats["numel"] = sum(c.numel for c in first)
     if sampled:
         problem.stats["sampled"] = sum(c.sample.numel() for c in first if c.sampled)
-    tolerances = [options.tolerance.for_dtype(d) for d in problem.dtypes]
-    atol, rtol = tolerances[0]
+    atol, rtol = options.tolerance.for_dtype(problem.dtypes[0])
     problem.tolerance = {"atol": atol, "rtol": rtol}
     described = _describe_tolerance(options.tolerance, problem.dtypes[0])
     count = len(outputs)
     components = range(len(first))
-    # a sampled output passes the pairwise check only with half the tolerance to spare
-    pair_share = probes.SAMPLED_PAIR_SHARE if sampled else 1.0
+    # the benchmark's own check; a sampled output passes the pairwise check only with half the
+    # tolerance to spare
+    check = options.tolerance
+    pair_check = check.scaled(probes.SAMPLED_PAIR_SHARE) if sampled else check
 
     def pair_passes(i: int, j: int) -> bool:
-        return all(probes.passes(outputs[i][c].sample, outputs[j][c].sample,
-                                 tolerances[c][0] * pair_share, tolerances[c][1] * pair_share)
+        return all(pair_check.accepts(outputs[i][c].sample, outputs[j][c].sample)
                    for c in components)
 
     def zeros_pass(output: list[Component]) -> bool:
-        return all(not (c.nan or c.inf) and probes.passes(c.values, torch.zeros_like(c.values),
-                                                          *tolerances[n])
-                   for n, c in enumerate(output))
+        return all(not (c.nan or c.inf) and check.accepts(c.values, torch.zeros_like(c.values))
+                   for c in output)
 
     def finite(output: list[Component]) -> bool:
         return not any(c.nan or c.inf for c in output)
@@ -447,8 +447,8 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     # per seed: zeros, its own best constant, and whether the next seed's output passes
     for i, (record, output) in enumerate(zip(seeds, outputs)):
         stats = _stats(output)
-        constants = [probes.constant_passes([c.values], *tolerances[n]) if finite(output)
-                     else (False, None) for n, c in enumerate(output)]
+        constants = [best_constant([c.values], check) if finite(output) else (False, None)
+                     for c in output]
         entry = {"seed": record["seed"], "max_abs": stats["max_abs"], "std": stats["std"],
                  "zeros_pass": zeros_pass(output),
                  "constant_pass": all(ok for ok, _ in constants),
@@ -460,8 +460,7 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
 
     problem.zeros_pass = all(entry["zeros_pass"] for entry in problem.seeds)
     all_finite = all(finite(output) for output in outputs)
-    per_component = [probes.constant_passes([o[c].values for o in outputs], *tolerances[c])
-                     if all_finite else (False, None) for c in components]
+    per_component = [best_constant([o[c].values for o in outputs], check) if all_finite else (False, None) for c in components]
     problem.constant_pass = all(ok for ok, _ in per_component)
     problem.constant = per_component[0][1] if problem.constant_pass else None
     pairs = [(i, j) for i in range(count) for j in range(count) if i != j]
@@ -723,8 +722,7 @@ def _stopped(result: RunResult, what: str) -> str:
 
 
 def _describe_tolerance(tolerance: Tolerance, dtype: str) -> str:
-    atol, rtol = tolerance.for_dtype(dtype)
-    return f"{tolerance.name}: atol {_g(atol)}, rtol {_g(rtol)} for {dtype}"
+    return f"{tolerance.check_text(dtype)} for {dtype}"
 
 
 def _g(value: float | None) -> str:
