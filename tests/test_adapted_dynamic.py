@@ -26,8 +26,8 @@ DYNAMIC = FIXTURES / "benchmarks" / "dynamic"
 
 @pytest.fixture(scope="module")
 def runs():
-    items = adapt(discover([str(DYNAMIC), str(FIXTURES / "benchmarks" / "fastkernels" / "set")])
-                  ).items
+    items = adapt(discover([str(DYNAMIC), str(FIXTURES / "benchmarks" / "fastkernels" / "set"),
+                            str(FIXTURES / "benchmarks" / "kernelbenchx" / "submissions")])).items
     options = DynamicOptions(resolve(None, None, None), device="cpu", calls=(8, 12), timeout=240)
     return {run.path.split("benchmarks/", 1)[1]: run for run in audit_items(items, options, "cpu")}
 
@@ -53,6 +53,13 @@ def test_kernelbenchx_function_runs_with_the_arguments_of_its_test(runs):
     (unwritten,) = short.findings  # `def kernel_function`: the harness's other name
     assert (unwritten.rule, unwritten.line) == ("KD101", 4)
     assert unwritten.metrics["numel"] == 32 * 48 and unwritten.metrics["unwritten"] == 48
+
+
+def test_kernelbenchx_triton_submission_runs_under_the_interpreter(runs):
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    relu = runs["kernelbenchx/submissions/relu.py"]
+    assert (relu.status, findings(relu)) == ("ok", []), relu.findings
+    assert relu.problem.endswith("Activation/relu.py")
 
 
 def test_cuda_l1_records_run_from_their_ref_code(runs):
@@ -88,3 +95,24 @@ def test_cli_scan_dynamic_on_an_adapted_layout():
     assert [(f["rule"], f["line"]) for f in dynamic] == [("KD401", 5)], proc.stderr
     (verdict,) = data["verdicts"]
     assert verdict["verdict"] == "rejected" and "KD401" in verdict["reasons"]
+
+
+def test_problems_of_other_benchmarks_run_with_their_check():
+    """`kaudit problems` finds Atrex-Bench operator folders and KernelBenchX task files, runs
+    them through their wrappers and probes them with their benchmark's check: Atrex-Bench's atol
+    1e-2 outweighs rtol on a ReLU whose median output is 0 (KP201)."""
+    proc = kaudit("problems", str(FIXTURES / "benchmarks" / "atrex" / "data"),
+                  str(DYNAMIC / "kernelbenchx"), "--device", "cpu", "--seeds", "2",
+                  "--format", "json", cwd=ROOT)
+    data = json.loads(proc.stdout)
+    by_path = {p["path"].split("benchmarks/", 1)[1]: p for p in data["problems"]}
+    assert set(by_path) == {"atrex/data/scaled_relu/reference.py",
+                            "dynamic/kernelbenchx/data/kernelbenchx/Activation/softplus.py"}
+    relu = by_path["atrex/data/scaled_relu/reference.py"]
+    assert relu["tolerance"] == {"preset": "atrex", "atol": 0.01, "rtol": 0.05}
+    assert relu["shape"] == [1024, 4096]  # the smaller of its two sizes
+    assert [(f["rule"], f["line"]) for f in relu["findings"]] == [("KP201", 5)]  # class Model
+    softplus = by_path["dynamic/kernelbenchx/data/kernelbenchx/Activation/softplus.py"]
+    assert softplus["tolerance"]["preset"] == "kernelbenchx"
+    assert softplus["shape"] == [32, 48]  # the arguments of its test's first call
+    assert not softplus["findings"]

@@ -61,6 +61,17 @@ def adapt(items: list[WorkItem], documents: list[str], forced: bool
     return taken, left, adapter.problems.errors
 
 
+def problem_spec(task_file: str) -> tuple[ProblemSpec, EntryPoint] | None:
+    """The problem of a task file of a checkout (`data/kernelbenchx/<Category>/<stem>.py`) and
+    the entry points its test calls, for `kaudit problems`; None for another file."""
+    adapter = _Adapter()
+    if not adapter._is_task_file(task_file):
+        return None
+    parts = Path(os.path.abspath(task_file)).parts
+    spec = adapter.spec(task_file, f"{parts[-2]}/{parts[-1]}", None)
+    return spec, entry_for(parts[-1], test_part(_read(task_file)))
+
+
 def submission_part(text: str) -> str:
     """The submission without the test the harness appends: the lines above the separator
     (kept in place, so line numbers stay those of the file)."""

@@ -28,6 +28,7 @@ import ast
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 from kaudit.adapters.kernelbenchx import submission_part, test_part, without_fences
@@ -218,68 +219,75 @@ def prepare(item: WorkItem, text: str, folder: Path) -> Prepared | str:
     """The wrapper of an adapted submission written under `folder`, or why it cannot run."""
     spec = item.submission.spec
     assert spec is not None
+    names = item.submission.entry.names
+    problem = write_problem(spec, names, folder / "problem")
+    if not isinstance(problem, Path):
+        return problem
+    kernel_dir = folder / "kernel"
+    kernel_dir.mkdir()
+    if spec.benchmark == "cuda-l1":
+        _write(kernel_dir, "kernel", text)
+    elif spec.benchmark == "atrex":
+        _write(kernel_dir, "candidate", text)
+        _write(kernel_dir, "kernel", _COMMON + _ATREX_KERNEL.format(
+            init=json.dumps(_size(spec).init_kwargs), names=json.dumps(_input_names(spec)),
+            entry=names[0]))
+    else:
+        _write(kernel_dir, "candidate", without_fences(submission_part(text)))
+        _write(kernel_dir, "kernel", _COMMON + _KBX_KERNEL.format(names=json.dumps(list(names))))
+    return Prepared(str(kernel_dir / "kernel.py"), str(problem), spec.tolerance)
+
+
+def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Path | str:
+    """`folder/problem.py`, KernelBench's shape around the benchmark's problem (`names`: the
+    entry points the benchmark accepts, which a KernelBenchX test may call), or why not."""
     if spec.benchmark == "fastkernels":
         return ("its FastKernels problem takes its inputs from captured model runs, which "
                 "kaudit does not read yet")
     if spec.reference is None:
         return f"no reference for {spec.benchmark} task {spec.task} (its problem was not found)"
-    try:
-        reference = spec.reference.text if spec.reference.text is not None else \
-            Path(spec.reference.file).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return f"the reference {spec.reference.path} cannot be read: {exc}"
-    kernel_dir, problem_dir = folder / "kernel", folder / "problem"
-    kernel_dir.mkdir()
-    problem_dir.mkdir()
+    reference = _text(spec.reference)
+    if reference is None:
+        return f"the reference {spec.reference.path} cannot be read"
+    folder.mkdir()
     if spec.benchmark == "cuda-l1":
-        _write(problem_dir, "problem", reference)
-        _write(kernel_dir, "kernel", text)
+        _write(folder, "problem", reference)
     elif spec.benchmark == "atrex":
-        reason = _atrex(spec, reference, text, item, kernel_dir, problem_dir)
-        if reason:
-            return reason
+        inputs = _text(spec.inputs_code) if spec.inputs_code else None
+        if inputs is None:
+            return f"no readable input.py for Atrex-Bench task {spec.task}"
+        size = _size(spec)
+        _write(folder, "reference", reference)
+        _write(folder, "inputs", inputs)
+        _write(folder, "problem", _COMMON + _ATREX_PROBLEM.format(
+            init=json.dumps(size.init_kwargs), inputs=json.dumps(size.input_kwargs),
+            names=json.dumps(_input_names(spec))))
     else:
-        reason = _kernelbenchx(spec, reference, text, item, kernel_dir, problem_dir)
-        if reason:
-            return reason
-    return Prepared(str(kernel_dir / "kernel.py"), str(problem_dir / "problem.py"),
-                    spec.tolerance)
+        test = test_part(reference)
+        if test is None:
+            return f"the KernelBenchX task {spec.task} has no test below its separator line"
+        _write(folder, "reference", submission_part(reference))
+        _write(folder, "test", test)
+        _write(folder, "problem", _COMMON + _KBX_PROBLEM.format(names=json.dumps(list(names))))
+    return folder / "problem.py"
 
 
-def _atrex(spec: ProblemSpec, reference: str, text: str, item: WorkItem, kernel_dir: Path,
-           problem_dir: Path) -> str | None:
-    if spec.inputs_code is None:
-        return f"no input.py for Atrex-Bench task {spec.task}"
+def _size(spec: ProblemSpec) -> Size:
+    return smallest(spec.sizes) or Size("default")
+
+
+def _input_names(spec: ProblemSpec) -> list[str]:
+    source = _text(spec.inputs_code) if spec.inputs_code else None
+    return input_names(source or "", spec.inputs_name or "_make_inputs")
+
+
+def _text(code) -> str | None:
+    if code.text is not None:
+        return code.text
     try:
-        inputs = Path(spec.inputs_code.file).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return f"the input generator {spec.inputs_code.path} cannot be read: {exc}"
-    size = smallest(spec.sizes) or Size("default")
-    names = json.dumps(input_names(inputs, spec.inputs_name or "_make_inputs"))
-    init = json.dumps(size.init_kwargs)
-    _write(problem_dir, "reference", reference)
-    _write(problem_dir, "inputs", inputs)
-    _write(problem_dir, "problem", _COMMON + _ATREX_PROBLEM.format(
-        init=init, inputs=json.dumps(size.input_kwargs), names=names))
-    _write(kernel_dir, "candidate", text)
-    entry = item.submission.entry.names[0]
-    _write(kernel_dir, "kernel", _COMMON + _ATREX_KERNEL.format(init=init, names=names,
-                                                                 entry=entry))
-    return None
-
-
-def _kernelbenchx(spec: ProblemSpec, reference: str, text: str, item: WorkItem,
-                  kernel_dir: Path, problem_dir: Path) -> str | None:
-    test = test_part(reference)
-    if test is None:
-        return f"the KernelBenchX task {spec.task} has no test below its separator line"
-    names = json.dumps(list(item.submission.entry.names))
-    _write(problem_dir, "reference", submission_part(reference))
-    _write(problem_dir, "test", test)
-    _write(problem_dir, "problem", _COMMON + _KBX_PROBLEM.format(names=names))
-    _write(kernel_dir, "candidate", without_fences(submission_part(text)))
-    _write(kernel_dir, "kernel", _COMMON + _KBX_KERNEL.format(names=names))
-    return None
+        return Path(code.file).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def smallest(sizes: tuple[Size, ...]) -> Size | None:
@@ -362,3 +370,43 @@ def entry_location(path: str, text: str, names: tuple[str, ...]):
         return Location(path, 1, 1, 1, 1)
     width = len(lines[node.lineno - 1]) if 0 < node.lineno <= len(lines) else 0
     return Location(path, node.lineno, 1, node.lineno, width + 1)
+
+
+# -- `kaudit problems` on other benchmarks' problems -----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkProblem:
+    """Another benchmark's problem: `file` is what findings point at (Atrex-Bench's
+    `reference.py`, KernelBenchX's task file)."""
+
+    file: str
+    spec: ProblemSpec
+    names: tuple[str, ...]
+
+    def location(self):
+        return entry_location(self.file, _text(self.spec.reference) or "",
+                              (self.spec.reference_name, *self.names))
+
+
+def find_problems(path: str) -> list[BenchmarkProblem]:
+    """Atrex-Bench operator folders (`reference.py`, `input.py`, `shapes.json`) and KernelBenchX
+    task files (`data/kernelbenchx/<Category>/<stem>.py`) at or under `path`."""
+    from kaudit.adapters import atrex, kernelbenchx
+
+    found = []
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(folder, name) for folder, subfolders, names in os.walk(path)
+        if not any(part.startswith(".") or part == "__pycache__"
+                   for part in Path(folder).relative_to(path).parts)
+        for name in names if name.endswith(".py"))
+    for file in files:
+        folder = Path(file).parent
+        if Path(file).name == "reference.py" and atrex.is_operator(folder):
+            found.append(BenchmarkProblem(file, atrex.problem_spec(folder), ("Model",)))
+            continue
+        task = kernelbenchx.problem_spec(file)
+        if task is not None:
+            spec, entry = task
+            found.append(BenchmarkProblem(file, spec, entry.names))
+    return found
