@@ -95,6 +95,9 @@ def test_cli_scan_dynamic_on_an_adapted_layout():
     assert [(f["rule"], f["line"]) for f in dynamic] == [("KD401", 5)], proc.stderr
     (verdict,) = data["verdicts"]
     assert verdict["verdict"] == "rejected" and "KD401" in verdict["reasons"]
+    # its first call is right: Atrex-Bench's check accepts what kaudit rejects
+    assert data["summary"]["dynamic"]["benchmark_check"] == {
+        "judged": 1, "accepted": 1, "accepted_but_rejected": 1}
 
 
 def test_problems_of_other_benchmarks_run_with_their_check():

@@ -117,5 +117,17 @@ def report_unwritten_slack(add: Adder, reference: list, plain: list,
                 tolerance=tolerance.name)
 
 
+def summary(runs: list) -> dict[str, Any]:
+    """For the scan's summary: the kernels that ran, how many of them their benchmark's check
+    accepts (`KernelRun.metrics["benchmark_accepts"]`, on the first call) and how many of those
+    kaudit rejects all the same."""
+    from kaudit.dynamic.judge import rejected
+
+    judged = [r for r in runs if "benchmark_accepts" in r.metrics]
+    accepted = [r for r in judged if r.metrics["benchmark_accepts"]]
+    return {"benchmark_check": {"judged": len(judged), "accepted": len(accepted),
+                                "accepted_but_rejected": sum(map(rejected, accepted))}}
+
+
 def _dtype(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.")

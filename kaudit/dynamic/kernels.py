@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic import adapted, scratch
+from kaudit.dynamic import acceptance, adapted, scratch
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.judge import (
     Adder,
@@ -503,7 +503,8 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
                              config.suspicious_speedup, file=v.file) for v in report.verdicts]
     report.summary = summarize(report.verdicts)
     report.summary["dynamic"] = {"device": device, "kernels": len(runs),
-                                 "statuses": _count(r.status for r in runs)}
+                                 "statuses": _count(r.status for r in runs),
+                                 **acceptance.summary(runs)}
     return runs
 
 
