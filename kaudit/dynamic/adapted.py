@@ -11,8 +11,9 @@ copy of the code it wraps (the candidate's job sees only its own folder and the 
   `_make_inputs(**input_kwargs)` of `input.py` at the benchmark's smallest size (shapes.json),
   as keywords named by the dict `_make_inputs` returns;
 - KernelBenchX: the task's function (`def <stem>`, the name its test calls, or
-  `kernel_function`), called with the arguments its test (below the separator) passes on its
-  first call: the test runs with the function replaced by a recorder that stops it there;
+  `kernel_function`), called with the arguments of its test's (below the separator) call with
+  the most input elements: the test runs once with the function wrapped by a recorder (a test's
+  first cases are often fixed tensors of a few elements, the same for every seed);
 - CUDA-L1: the record's `ref_code` and `custom_code` as they are (KernelBench's shape).
 
 Tensors that the benchmark's code creates on `device="cuda"` while building inputs land on the
@@ -127,24 +128,29 @@ _reference = _load("reference")
 NAMES = json.loads({names!r})
 
 
-class _Captured(BaseException):
-    """Stops the test at its first call of the task's function (not an Exception: a test that
-    catches those still stops)."""
+def _elements(call):
+    _, args, kwargs = call
+    return sum(v.numel() for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor))
 
 
-def _first_call():
-    """(name called, positional arguments, keyword arguments) of the test's first call."""
+def _largest_call():
+    """(name called, positional arguments, keyword arguments) of the test's call of the task's
+    function with the most input elements (the first of those); the test runs to its end, or
+    to an error after some call (on the CPU, a case may need CUDA)."""
     seen = []
 
-    def recorder(name):
+    def recorder(name, real):
         def record(*args, **kwargs):
             seen.append((name, args, kwargs))
-            raise _Captured()
+            return real(*args, **kwargs)
         return record
 
     namespace = dict(vars(_reference))
-    namespace.update({{name: recorder(name) for name in NAMES if name in namespace}})
+    namespace.update({{name: recorder(name, namespace[name]) for name in NAMES
+                      if name in namespace}})
     namespace["__name__"] = "_wrapped_test"
+    # where the test finds the checkout's utils/ (`../../../utils` from its task file)
+    namespace["__file__"] = os.path.join(_HERE, "data", "kernelbenchx", "task", "test.py")
     path = os.path.join(_HERE, "test.py")
     with open(path, encoding="utf-8") as handle:
         test = compile(handle.read(), path, "exec")
@@ -154,11 +160,12 @@ def _first_call():
             for name, value in list(namespace.items()):
                 if name.startswith("test_") and callable(value) and not seen:
                     value()
-        except _Captured:
-            pass
+        except Exception:
+            if not seen:
+                raise
     if not seen:
         raise RuntimeError("the test never called " + " or ".join(NAMES))
-    return seen[0]
+    return max(seen, key=_elements)
 
 
 class Model(nn.Module):
@@ -171,12 +178,12 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    _, args, kwargs = _first_call()
+    _, args, kwargs = _largest_call()
     return [*args, *(kwargs[key] for key in sorted(kwargs))]
 
 
 def get_init_inputs():
-    name, _, kwargs = _first_call()
+    name, _, kwargs = _largest_call()
     return [name, sorted(kwargs)]
 '''
 
@@ -268,8 +275,20 @@ def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Pa
             return f"the KernelBenchX task {spec.task} has no test below its separator line"
         _write(folder, "reference", submission_part(reference))
         _write(folder, "test", test)
+        _copy_utils(Path(spec.reference.file), folder)
         _write(folder, "problem", _COMMON + _KBX_PROBLEM.format(names=json.dumps(list(names))))
     return folder / "problem.py"
+
+
+def _copy_utils(task_file: Path, folder: Path) -> None:
+    """The Python helpers of the checkout's `utils/` (`data/kernelbenchx/<Category>/<task>`
+    three levels up), which tests import, into `folder/utils/`: the job sees only `folder`."""
+    utils = task_file.parent.parent.parent.parent / "utils"
+    helpers = sorted(utils.glob("*.py")) if utils.is_dir() else []
+    if helpers:
+        (folder / "utils").mkdir()
+        for helper in helpers:
+            (folder / "utils" / helper.name).write_bytes(helper.read_bytes())
 
 
 def _size(spec: ProblemSpec) -> Size:
