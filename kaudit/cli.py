@@ -244,7 +244,8 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
                              str(problems_root) if problems_root else None, timeout,
                              scales=scale_factors, jobs=jobs or 1,
                              artifacts_dir=str(artifacts) if artifacts else None,
-                             memory_limit=memory, timing=timing_settings)
+                             memory_limit=memory, timing=timing_settings,
+                             benchmark_checks=tolerance is None and atol is None and rtol is None)
     installation = _jobs_guarded(sandbox)
     progress = DelayedProgress("running kernels")
     try:

@@ -8,8 +8,10 @@ the Triton fixtures run under Triton's interpreter (a few seconds each); the CUD
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -74,9 +76,14 @@ def fixture_runs(tmp_path_factory):
 
     def one(folder: Path):
         kernel = folder / "kernel.py"
+        text = kernel.read_text()
+        # `# fixture-tolerance: NAME`: the fixture is judged by that benchmark's check
+        preset = re.search(r"^# fixture-tolerance: ([\w-]+)", text, re.M)
+        chosen = dataclasses.replace(options, tolerance=resolve(preset.group(1), None, None)) \
+            if preset else options
         with slots.take() if slots else contextlib.nullcontext() as gpu:
-            return folder.name, audit_kernel(str(kernel), str(kernel), kernel.read_text(),
-                                             options, DEVICE, gpu=gpu)
+            return folder.name, audit_kernel(str(kernel), str(kernel), text, chosen, DEVICE,
+                                             gpu=gpu)
 
     folders = [f for f in dynamic_fixtures() if not (DEVICE == "cuda" and f.name in CPU_ONLY)]
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -104,7 +104,7 @@ def test_tolerance_presets_change_the_verdict():
     mean, tiny = report.problems
     assert mean.codes() == [] and not mean.constant_pass
     assert {"KP101", "KP102", "KP103", "KP201"} <= set(tiny.codes())
-    assert tiny.tolerance == {"atol": 1e-4, "rtol": 1e-4}
+    assert tiny.tolerance == {"preset": "kernelbench", "atol": 1e-4, "rtol": 1e-4}
 
 
 def test_tolerance_resolution():

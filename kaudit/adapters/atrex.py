@@ -53,6 +53,11 @@ def is_operator(folder: Path) -> bool:
     return all((folder / name).is_file() for name in (*PROBLEM_FILES, "shapes.json"))
 
 
+def problem_spec(operator: Path) -> ProblemSpec:
+    """The problem of an operator folder (`is_operator`), for `kaudit problems`."""
+    return _spec(operator, operator.name, Problems())
+
+
 def _item(item: WorkItem, problems: Problems, forced: bool) -> WorkItem | None:
     path = Path(os.path.abspath(item.file))
     if path.suffix != ".py" or path.name in PROBLEM_FILES:

@@ -61,6 +61,17 @@ def adapt(items: list[WorkItem], documents: list[str], forced: bool
     return taken, left, adapter.problems.errors
 
 
+def problem_spec(task_file: str) -> tuple[ProblemSpec, EntryPoint] | None:
+    """The problem of a task file of a checkout (`data/kernelbenchx/<Category>/<stem>.py`) and
+    the entry points its test calls, for `kaudit problems`; None for another file."""
+    adapter = _Adapter()
+    if not adapter._is_task_file(task_file):
+        return None
+    parts = Path(os.path.abspath(task_file)).parts
+    spec = adapter.spec(task_file, f"{parts[-2]}/{parts[-1]}", None)
+    return spec, entry_for(parts[-1], test_part(_read(task_file)))
+
+
 def submission_part(text: str) -> str:
     """The submission without the test the harness appends: the lines above the separator
     (kept in place, so line numbers stay those of the file)."""
@@ -253,6 +264,9 @@ class _Adapter:
         thresholds: dict[str, float] = {}
         if root is not None:
             problem = root / _TASK_FOLDER / task
+            if not problem.is_file() and "/" not in task:
+                # a file per task is named by its stem; the harness finds its category
+                problem = next(iter(sorted((root / _TASK_FOLDER).glob(f"*/{task}"))), problem)
             if problem.is_file():
                 reference = Code(display_path(str(problem)), str(problem))
             perf = root / "metrics" / "golden_metrics" / f"{stem}_perf.py"

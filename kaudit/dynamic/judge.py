@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kaudit.dynamic import acceptance
 from kaudit.dynamic.harness import sentinels
-from kaudit.dynamic.probes import passes
 from kaudit.dynamic.runner import OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Level, Location
@@ -153,6 +153,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         add("KD202", f"wrong output: {layout}", reason="layout")
         return
     incomplete, unwritten = _coverage(add, ref_a, poisoned, oob, options)
+    acceptance.report_unwritten_slack(add, ref_a, plain_a, unwritten, options.tolerance)
     _out_of_bounds(add, info.get("guard_violations", []), ref_a, oob, unwritten, options)
     _deferred(add, info)
     _side_stream(add, info.get("side_stream", []), ref_a)
@@ -161,6 +162,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     if correct and worst is not None and not stale:  # a replayed answer explains a later miss
         correct = _correctness(add, ref_a, worst, options.tolerance,
                                call=info.get("worst_call"), calls=info.get("calls"))
+    run.metrics["benchmark_accepts"] = acceptance.accepts_all(ref_a, plain_a, options.tolerance)
     if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
@@ -252,8 +254,8 @@ def _tampering(add: Adder, tampered: list) -> None:
 def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
                    tolerance: Tolerance) -> None:
     """KD406: the plain run (no poisoning, no watching, a few calls) of a kernel the watched calls
-    found right fails a check its first watched call passed: the preset's allclose, or the
-    scale-invariant check."""
+    found right fails a check its first watched call passed: the benchmark's (`Tolerance.accepts`),
+    or the scale-invariant check."""
     if not plain.ok:
         if disk_full(plain):
             not_audited(add, plain, "plain run")
@@ -284,11 +286,10 @@ def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
 def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
            tolerance: Tolerance) -> str | None:
     """What the plain output fails that the watched one passed, or None."""
-    atol, rtol = tolerance.for_dtype(_dtype(reference))
     rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
     name = _output_name(index, outputs)
-    if passes(reference, watched, atol, rtol) and not passes(reference, plain, atol, rtol):
-        return f"{name} fails {tolerance.name} allclose (atol {atol:g}, rtol {rtol:g})"
+    if tolerance.accepts(reference, watched) and not tolerance.accepts(reference, plain):
+        return f"{name} fails {tolerance.check_text(_dtype(reference))}"
     rel, ratio = scale_free_errors(reference, plain)
     watched_rel, watched_ratio = scale_free_errors(reference, watched)
     if watched_rel <= rel_limit and watched_ratio <= ratio_limit and \
@@ -493,7 +494,8 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
     for index, (ref, out) in enumerate(zip(reference, candidate)):
         dtype = _dtype(ref)
         atol, rtol = tolerance.for_dtype(dtype)
-        preset = passes(ref, out, atol, rtol)
+        preset = tolerance.accepts(ref, out)
+        check = tolerance.check_text(dtype)
         rel, ratio = scale_free_errors(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
         scale_ok = rel <= rel_limit and ratio <= ratio_limit
@@ -506,16 +508,18 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
                    "max_abs_reference": peak, "atol": atol, "rtol": rtol,
                    "tolerance": tolerance.name, "call": call}
         correct = correct and scale_ok
+        if acceptance.report_slack(add, name, when, ref, out, tolerance, scale_ok, numbers,
+                                   metrics):
+            continue
         if preset and not scale_ok:
             no_signal = rel >= NO_SIGNAL_L2
-            add("KD201", f"{name}{when} passes {tolerance.name} allclose (atol {atol:g}, rtol "
-                f"{rtol:g}) only through its absolute part: {numbers}"
+            add("KD201", f"{name}{when} passes {check} only through its absolute part: {numbers}"
                 + (f"; a relative L2 error of {NO_SIGNAL_L2:g} or more leaves none of the "
                    f"reference's signal" if no_signal else ""),
                 level=Level.ERROR if no_signal else None, **metrics)
         elif not preset and not scale_ok:
-            add("KD202", f"wrong output{when}: {name} fails {tolerance.name} allclose (atol "
-                f"{atol:g}, rtol {rtol:g}) and the scale-invariant check: {numbers}", **metrics)
+            add("KD202", f"wrong output{when}: {name} fails {check} and the scale-invariant "
+                f"check: {numbers}", **metrics)
     return correct
 
 
@@ -524,8 +528,7 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
     """KD401; True when reported."""
     def matches(refs: list, outs: list) -> bool:
         return len(refs) == len(outs) and all(
-            r.shape == o.shape and passes(r, o, *tolerance.for_dtype(_dtype(r)))
-            for r, o in zip(refs, outs))
+            tolerance.accepts(r, o) for r, o in zip(refs, outs))
 
     if matches(ref_a, ref_b) or not matches(ref_a, plain):
         return False  # inputs A and B give the same answer, or the first call was already wrong

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic import scratch
+from kaudit.dynamic import acceptance, adapted, scratch
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.judge import (
     Adder,
@@ -113,6 +113,9 @@ class DynamicOptions:
     calls: tuple[int, int] = CALLS
     #: verified speedups (`--timing`, `kaudit.dynamic.timing`)
     timing: TimingSettings = field(default_factory=TimingSettings)
+    #: another benchmark's submission is judged by its benchmark's check (`ProblemSpec.tolerance`)
+    #: unless the scan chose one
+    benchmark_checks: bool = True
 
 
 @dataclass
@@ -223,7 +226,7 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
                 Path(item.file).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        if "ModelNew" in text:
+        if "ModelNew" in text or adapted.wrapped(item):
             work.append((item, text))
     builds = BuildCache(options.extensions_dir)
     try:
@@ -246,16 +249,19 @@ def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, devic
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
             file = item.file
-            if item.text is not None:
+            if item.text is not None and not adapted.wrapped(item):
                 folder = scratch.folder()  # a neutral name: the job sees this path
                 stack.callback(scratch.remove, folder)
                 file = _materialise_record(item, text, str(folder))
             gpu = stack.enter_context(slots.take()) if slots else None
-            run = audit_kernel(file, item.display, text, options, device,
-                               submission.reference if submission else None,
-                               submission.level if submission else None,
-                               submission.problem if submission else None, gpu=gpu,
-                               builds=builds)
+            if adapted.wrapped(item):  # another benchmark's layout: run through a wrapper
+                run = adapted.audit(item, text, options, device, gpu=gpu, builds=builds)
+            else:
+                run = audit_kernel(file, item.display, text, options, device,
+                                   submission.reference if submission else None,
+                                   submission.level if submission else None,
+                                   submission.problem if submission else None, gpu=gpu,
+                                   builds=builds)
         with lock:
             done[0] += 1
             if on_kernel:
@@ -473,13 +479,14 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
     from kaudit.baseline import load_baseline, mark_findings
     from kaudit.discover import by_file, discover
     from kaudit.findings import assign_fingerprints
-    from kaudit.results import BaselineTimings, ResultTrees, Submission
+    from kaudit.adapters import adapt
+    from kaudit.results import BaselineTimings, Submission
     from kaudit.source import split_lines
     from kaudit.verdicts import judge, summarize
 
     device = resolve_device(options.device)
     found = discover(list(paths))
-    items = [scanned for scanned, _ in by_file(ResultTrees().annotate(found.items))]
+    items = [scanned for scanned, _ in by_file(adapt(found, config.benchmark).items)]
     timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
     static: dict[str, list[Finding]] = {}
     for finding in report.findings:
@@ -521,7 +528,8 @@ def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: 
                              measured=measured.get(v.file or v.path)) for v in report.verdicts]
     report.summary = summarize(report.verdicts)
     report.summary["dynamic"] = {"device": device, "kernels": len(runs),
-                                 "statuses": _count(r.status for r in runs)}
+                                 "statuses": _count(r.status for r in runs),
+                                 **acceptance.summary(runs)}
     return runs
 
 

@@ -1,8 +1,9 @@
 """The probes of `kaudit problems`, computed in the kaudit process from the reference outputs a
 child returned. Pure functions over CPU tensors; torch is imported by the caller's module only.
 
-The check they model is the harnesses': `torch.allclose(reference, candidate, atol, rtol)`, i.e.
-`|reference - candidate| <= atol + rtol * |candidate|` elementwise, NaN never equal.
+Whether an output passes is the benchmark's own check (`Tolerance.accepts`, applied by
+`kaudit.dynamic.acceptance`); `constant_for` solves KernelBench's allclose,
+`|reference - candidate| <= atol + rtol * |candidate|`, for a constant candidate.
 """
 
 from __future__ import annotations
@@ -34,13 +35,6 @@ def dtype_name(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def passes(reference: torch.Tensor, candidate: torch.Tensor, atol: float, rtol: float) -> bool:
-    """The harness's check, in the reference's dtype (integers and bools compared as float64)."""
-    if not is_float(reference):
-        reference, candidate = reference.double(), candidate.double()
-    return bool(torch.allclose(reference, candidate.to(reference.dtype), atol=atol, rtol=rtol))
-
-
 def constant_for(low: float, high: float, atol: float, rtol: float) -> float | None:
     """A constant c with |y - c| <= atol + rtol*|c| for every y in [low, high], or None.
 
@@ -57,23 +51,6 @@ def constant_for(low: float, high: float, atol: float, rtol: float) -> float | N
         if start <= stop:
             return min(max(middle, start), stop)
     return None
-
-
-def constant_passes(references: list[torch.Tensor], atol: float, rtol: float
-                    ) -> tuple[bool, float | None]:
-    """Whether one constant output passes against every reference, and that constant."""
-    if any(r.numel() == 0 for r in references):
-        return False, None
-    low = min(float(r.double().min()) for r in references)
-    high = max(float(r.double().max()) for r in references)
-    if any(not bool(torch.isfinite(r.double()).all()) for r in references):
-        return False, None
-    value = constant_for(low, high, atol, rtol)
-    if value is None:
-        return False, None
-    ok = all(passes(r, torch.full_like(r, value if is_float(r) else round(value)), atol, rtol)
-             for r in references)
-    return ok, value if ok else None
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,12 @@ from typing import Any
 
 from kaudit import __version__
 from kaudit.discover import display_path, natural_key
+from kaudit.dynamic import scratch
+from kaudit.dynamic.adapted import BenchmarkProblem, find_problems, write_problem
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
-from kaudit.dynamic.tolerance import Tolerance
+from kaudit.dynamic.tolerance import PRESETS, Tolerance
 from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
 from kaudit.rule import rule_by_code
 from kaudit.source import split_lines
@@ -59,6 +61,8 @@ class Options:
     init_seed: int = INIT_SEED
     #: outputs with more elements are sampled at this many fixed positions (see problem_job)
     max_elements: int = 1 << 25
+    #: another benchmark's problem is audited with its benchmark's check unless one was chosen
+    benchmark_checks: bool = True
 
     def seed_values(self) -> list[int]:
         return list(range(self.seeds))
@@ -77,7 +81,7 @@ class ProblemResult:
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
-    tolerance: dict[str, float] = field(default_factory=dict)
+    tolerance: dict[str, Any] = field(default_factory=dict)
     zeros_pass: bool | None = None
     constant_pass: bool | None = None
     constant: float | None = None
@@ -154,10 +158,12 @@ def is_problem_text(text: str) -> bool:
     return bool(_CLASS_MODEL.search(text) and _GET_INPUTS.search(text))
 
 
-def discover_problems(paths: Iterable[str]) -> tuple[list[str], int, list[ScanError]]:
+def discover_problems(paths: Iterable[str]) -> tuple[list[str | BenchmarkProblem], int,
+                                                     list[ScanError]]:
     """Problem files among `paths`: files named are always taken; folders are walked (hidden
-    folders and __pycache__ skipped) for .py files defining `class Model` and `get_inputs`.
-    Raises FileNotFoundError for a path that does not exist."""
+    folders and __pycache__ skipped) for .py files defining `class Model` and `get_inputs`, and
+    for other benchmarks' problems (`adapted.find_problems`: Atrex-Bench operator folders,
+    KernelBenchX task files). Raises FileNotFoundError for a path that does not exist."""
     paths = list(paths)
     missing = [p for p in paths if not os.path.lexists(p)]
     if missing:
@@ -167,16 +173,20 @@ def discover_problems(paths: Iterable[str]) -> tuple[list[str], int, list[ScanEr
     errors: list[ScanError] = []
     seen: set[str] = set()
     for path in paths:
-        if os.path.isfile(path):
+        others: list[str | BenchmarkProblem] = list(find_problems(path))
+        if others and os.path.isfile(path):
+            found = others
+        elif os.path.isfile(path):
             found = [path]
         else:
-            found, skip = _walk(path)
-            skipped += skip
+            kernelbench, skip = _walk(path)
+            found = kernelbench + others
+            skipped += skip - len(others)
             if not found:
                 errors.append(ScanError(display_path(path), "no KernelBench problem files found "
                                         "(class Model and get_inputs)"))
         for file in found:
-            key = os.path.realpath(file)
+            key = os.path.realpath(file if isinstance(file, str) else file.file)
             if key not in seen:
                 seen.add(key)
                 files.append(file)
@@ -244,15 +254,34 @@ def audit_problems(paths: Iterable[str], options: Options,
     memory = job_memory_limit(options.memory_limit) if device == "cpu" else None
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
 
-    def one(file: str) -> ProblemResult:
+    def one(file: str | BenchmarkProblem) -> ProblemResult:
+        if not isinstance(file, BenchmarkProblem):
+            return run(file, file, model_line(file), options)
+        # another benchmark's problem runs through its KernelBench-shaped wrapper
+        where, folder = file.location(), scratch.folder()
+        try:
+            wrapper = write_problem(file.spec, file.names, Path(folder, "problem"))
+            if isinstance(wrapper, str):
+                problem = ProblemResult(display_path(file.file), where.line, where.end_column,
+                                        status="failed", error=wrapper)
+                _Finder(problem)("KP501", f"the problem could not be run: {wrapper}")
+                return problem
+            chosen = dataclasses.replace(options, tolerance=PRESETS[file.spec.tolerance]) \
+                if options.benchmark_checks else options
+            return run(str(wrapper), file.file, (where.line, model_line(file.file)[1]), chosen)
+        finally:
+            scratch.remove(folder)
+
+    def run(file: str, shown: str, model: tuple[int, list[str]], options: Options
+            ) -> ProblemResult:
         job = Job(JOB_TARGET, {"path": os.path.abspath(file), "device": device,
                                "seeds": options.seed_values(), "init_seed": options.init_seed,
                                "scales": list(options.scales),
                                "max_elements": options.max_elements},
                   timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
                   cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),))
-        line, lines = model_line(file)
-        display = display_path(file)
+        line, lines = model
+        display = display_path(shown)
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         try:
             with run_job(job) as result:
@@ -411,6 +440,7 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     import torch
 
     from kaudit.dynamic import probes
+    from kaudit.dynamic.acceptance import best_constant
 
     outputs = [load_output(result, s["native"], manifest) for s in seeds]
     _check_consistent(outputs)
@@ -422,24 +452,23 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     problem.stats["numel"] = sum(c.numel for c in first)
     if sampled:
         problem.stats["sampled"] = sum(c.sample.numel() for c in first if c.sampled)
-    tolerances = [options.tolerance.for_dtype(d) for d in problem.dtypes]
-    atol, rtol = tolerances[0]
-    problem.tolerance = {"atol": atol, "rtol": rtol}
+    atol, rtol = options.tolerance.for_dtype(problem.dtypes[0])
+    problem.tolerance = {"preset": options.tolerance.name, "atol": atol, "rtol": rtol}
     described = _describe_tolerance(options.tolerance, problem.dtypes[0])
     count = len(outputs)
     components = range(len(first))
-    # a sampled output passes the pairwise check only with half the tolerance to spare
-    pair_share = probes.SAMPLED_PAIR_SHARE if sampled else 1.0
+    # the benchmark's own check; a sampled output passes the pairwise check only with half the
+    # tolerance to spare
+    check = options.tolerance
+    pair_check = check.scaled(probes.SAMPLED_PAIR_SHARE) if sampled else check
 
     def pair_passes(i: int, j: int) -> bool:
-        return all(probes.passes(outputs[i][c].sample, outputs[j][c].sample,
-                                 tolerances[c][0] * pair_share, tolerances[c][1] * pair_share)
+        return all(pair_check.accepts(outputs[i][c].sample, outputs[j][c].sample)
                    for c in components)
 
     def zeros_pass(output: list[Component]) -> bool:
-        return all(not (c.nan or c.inf) and probes.passes(c.values, torch.zeros_like(c.values),
-                                                          *tolerances[n])
-                   for n, c in enumerate(output))
+        return all(not (c.nan or c.inf) and check.accepts(c.values, torch.zeros_like(c.values))
+                   for c in output)
 
     def finite(output: list[Component]) -> bool:
         return not any(c.nan or c.inf for c in output)
@@ -447,8 +476,8 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     # per seed: zeros, its own best constant, and whether the next seed's output passes
     for i, (record, output) in enumerate(zip(seeds, outputs)):
         stats = _stats(output)
-        constants = [probes.constant_passes([c.values], *tolerances[n]) if finite(output)
-                     else (False, None) for n, c in enumerate(output)]
+        constants = [best_constant([c.values], check) if finite(output) else (False, None)
+                     for c in output]
         entry = {"seed": record["seed"], "max_abs": stats["max_abs"], "std": stats["std"],
                  "zeros_pass": zeros_pass(output),
                  "constant_pass": all(ok for ok, _ in constants),
@@ -460,8 +489,7 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
 
     problem.zeros_pass = all(entry["zeros_pass"] for entry in problem.seeds)
     all_finite = all(finite(output) for output in outputs)
-    per_component = [probes.constant_passes([o[c].values for o in outputs], *tolerances[c])
-                     if all_finite else (False, None) for c in components]
+    per_component = [best_constant([o[c].values for o in outputs], check) if all_finite else (False, None) for c in components]
     problem.constant_pass = all(ok for ok, _ in per_component)
     problem.constant = per_component[0][1] if problem.constant_pass else None
     pairs = [(i, j) for i in range(count) for j in range(count) if i != j]
@@ -723,8 +751,7 @@ def _stopped(result: RunResult, what: str) -> str:
 
 
 def _describe_tolerance(tolerance: Tolerance, dtype: str) -> str:
-    atol, rtol = tolerance.for_dtype(dtype)
-    return f"{tolerance.name}: atol {_g(atol)}, rtol {_g(rtol)} for {dtype}"
+    return f"{tolerance.check_text(dtype)} for {dtype}"
 
 
 def _g(value: float | None) -> str:

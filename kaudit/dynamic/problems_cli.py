@@ -59,7 +59,8 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
     from kaudit.dynamic.problems import Options, audit_problems
 
     options = Options(chosen, device=device, seeds=seeds, scales=parse_scales(scales),
-                      timeout=timeout, jobs=jobs, memory_limit=memory)
+                      timeout=timeout, jobs=jobs, memory_limit=memory,
+                      benchmark_checks=tolerance is None and atol is None and rtol is None)
     progress = DelayedProgress("running problems")
 
     def finished(done: int, total: int, problem) -> None:

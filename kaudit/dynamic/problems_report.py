@@ -179,7 +179,10 @@ def _recommended(problem: ProblemResult) -> str:
 
 
 def _tolerance_text(report: ProblemsReport) -> str:
-    return report.options.tolerance.describe()
+    text = report.options.tolerance.describe()
+    others = sorted({p.tolerance["preset"] for p in report.problems if p.tolerance}
+                    - {report.options.tolerance.name})
+    return text + (f"; other benchmarks' problems: {', '.join(others)}" if others else "")
 
 
 def _tick(value: bool | None) -> str:

@@ -4,7 +4,7 @@ KernelBench's harnesses judge with `torch.allclose(reference, candidate, atol=at
 that is `|reference - candidate| <= atol + rtol * |candidate|` elementwise, NaN never equal.
 Other benchmarks differ, and `Tolerance.accepts` is each one's own check:
 - KernelBenchX: `assert_close(candidate, reference)`, rtol relative to |reference|, NaN equal
-  to NaN; exact for integer outputs;
+  to NaN, the dtypes equal; exact for every dtype other than float16/bfloat16/float32/float64;
 - FastKernels: in float32, rtol relative to |reference|; the output passes when 99 % of its
   elements are within tolerance; any NaN or Inf, or an all-zero output for a non-zero
   reference, fails;
@@ -13,6 +13,7 @@ Other benchmarks differ, and `Tolerance.accepts` is each one's own check:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 #: dtypes named as torch prints them without the `torch.` prefix
@@ -40,6 +41,8 @@ class Tolerance:
     strict_values: bool = False
     #: integer and bool outputs must be equal (KernelBenchX, Atrex-Bench)
     exact_integers: bool = False
+    #: the candidate's dtype must be the reference's (KernelBenchX's assert_close)
+    same_dtype: bool = False
 
     def for_dtype(self, dtype: str) -> tuple[float, float]:
         return self.by_dtype.get(dtype.removeprefix("torch."), (self.atol, self.rtol))
@@ -52,6 +55,21 @@ class Tolerance:
             text += f"; {names}: atol {atol:g}, rtol {rtol:g}"
         return text
 
+    def scaled(self, share: float) -> Tolerance:
+        """This check with every atol and rtol multiplied by `share` (a stricter copy)."""
+        return dataclasses.replace(
+            self, atol=self.atol * share, rtol=self.rtol * share,
+            by_dtype={d: (a * share, r * share) for d, (a, r) in self.by_dtype.items()})
+
+    def check_text(self, dtype: str) -> str:
+        """The check applied to an output of `dtype`, for messages: `kernelbench allclose (atol
+        0.0001, rtol 0.0001)`, `fastkernels check (atol 1e-05, rtol 0.001, 99 % of elements)`."""
+        atol, rtol = self.for_dtype(dtype)
+        kind = "allclose" if self.min_matched >= 1.0 and self.relative_to == "candidate" \
+            else "check"
+        share = f", {self.min_matched * 100:g} % of elements" if self.min_matched < 1.0 else ""
+        return f"{self.name} {kind} (atol {atol:g}, rtol {rtol:g}{share})"
+
     def to_dict(self) -> dict:
         data = {"preset": self.name, "atol": self.atol, "rtol": self.rtol,
                 "by_dtype": {d: {"atol": a, "rtol": r} for d, (a, r) in self.by_dtype.items()}}
@@ -59,9 +77,9 @@ class Tolerance:
             data["min_matched"] = self.min_matched
         return data
 
-    def matched(self, reference, candidate) -> float:
-        """The share of elements within this check's bound (1.0 for empty outputs); NaN and Inf
-        are never within it unless `equal_nan` pairs them."""
+    def within(self, reference, candidate):
+        """Flat bool tensor: the elements within this check's bound; NaN and Inf never are unless
+        `equal_nan` pairs them."""
         import torch  # the dynamic pass's dependency; presets are plain data without it
 
         atol, rtol = self.for_dtype(str(reference.dtype))
@@ -70,14 +88,18 @@ class Tolerance:
                 atol = rtol = 0.0
             reference, candidate = reference.double(), candidate.double()
         dtype = getattr(torch, self.compare_in) if self.compare_in else reference.dtype
-        ref, out = reference.to(dtype), candidate.to(dtype)
-        if ref.numel() == 0:
-            return 1.0
+        ref, out = reference.to(dtype).reshape(-1), candidate.to(dtype).reshape(-1)
         scale = ref if self.relative_to == "reference" else out
         within = (out - ref).abs() <= atol + rtol * scale.abs()
         if self.equal_nan:
             within = within | (torch.isnan(ref) & torch.isnan(out))
-        return float(within.double().mean())
+        return within
+
+    def matched(self, reference, candidate) -> float:
+        """The share of elements within this check's bound (1.0 for empty outputs)."""
+        if reference.numel() == 0:
+            return 1.0
+        return float(self.within(reference, candidate).double().mean())
 
     def accepts(self, reference, candidate) -> bool:
         """This benchmark's verdict on one output (same shapes assumed; a shape mismatch fails
@@ -85,6 +107,8 @@ class Tolerance:
         import torch
 
         if reference.shape != candidate.shape:
+            return False
+        if self.same_dtype and reference.dtype != candidate.dtype:
             return False
         if self.strict_values and reference.numel():
             ref, out = reference.double(), candidate.double()
@@ -102,10 +126,14 @@ PRESETS: dict[str, Tolerance] = {
     "kernelbench": Tolerance("kernelbench", 1e-4, 1e-4,
                              {d: (1e-2, 1e-2) for d in HALF_DTYPES}),
     "robust-kbench": Tolerance("robust-kbench", 1e-5, 1e-5),
-    # KernelBenchX EVAL/1_exe_acc.py: assert_close(candidate, reference, equal_nan=True);
-    # integers exact. (Tasks with precision_thresholds use cosine/L1/RMSE instead.)
-    "kernelbenchx": Tolerance("kernelbenchx", 1e-5, 1e-5, {d: (5e-3, 5e-3) for d in HALF_DTYPES},
-                              relative_to="reference", equal_nan=True, exact_integers=True),
+    # KernelBenchX EVAL/1_exe_acc.py: assert_close(candidate, reference, equal_nan=True) after
+    # an equal-dtype check; 1e-5 for fp32/fp64, 5e-3 for fp16/bf16, exact for any other dtype.
+    # (Tasks with precision_thresholds use cosine/L1/RMSE instead.)
+    "kernelbenchx": Tolerance("kernelbenchx", 0.0, 0.0,
+                              {"float32": (1e-5, 1e-5), "float64": (1e-5, 1e-5),
+                               **{d: (5e-3, 5e-3) for d in HALF_DTYPES}},
+                              relative_to="reference", equal_nan=True, exact_integers=True,
+                              same_dtype=True),
     # FastKernels bench.py: per-dtype bound on float32 copies, 99 % of elements must match
     "fastkernels": Tolerance("fastkernels", 1e-2, 1e-2,
                              {"float32": (1e-5, 1e-3), "float64": (1e-5, 1e-3),
