@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kaudit.dynamic.judge import Adder, size_limit
-from kaudit.dynamic.probes import passes
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.findings import Level
 
@@ -133,7 +132,7 @@ def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: di
             return True
         wrong = len(outputs) != len(reference) or any(
             o.shape != r.shape or o.dtype != r.dtype
-            or not passes(r, o, *tolerance.for_dtype(str(r.dtype).removeprefix("torch.")))
+            or not tolerance.accepts(r, o)
             for r, o in zip(reference, outputs))
         if wrong:
             add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
