@@ -15,7 +15,8 @@ from rich.table import Column, Table
 
 from kaudit import __version__
 from kaudit.adapters.model import BENCHMARKS
-from kaudit.api import Report, scan_paths
+from kaudit.api import scan_paths
+from kaudit.report.model import Report
 from kaudit.baseline import write_baseline
 from kaudit.config import Config, ConfigError, load_config
 from kaudit.discover import display_path

@@ -12,7 +12,7 @@ import sarif_om as sarif
 from jschema_to_python.to_json import to_json
 
 from kaudit import __version__
-from kaudit.api import Report
+from kaudit.report.model import Report
 from kaudit.findings import Finding
 from kaudit.fix.report import attach_fixes
 from kaudit.rule import Rule
