@@ -65,3 +65,28 @@ class Report:
             "verdicts": [v.to_dict() for v in self.verdicts],
             "summary": self.summary,
         } | ({"findings_hidden": self.hidden} if self.hidden else {})
+
+
+@dataclass
+class KernelOutcome:
+    """One kernel's final verdict and findings, the moment they are known
+    (`scan_paths(on_kernel=...)`, one line of `--stream`)."""
+
+    verdict: Verdict
+    findings: list[Finding]
+    #: how long its dynamic audit took; None for the static pass alone
+    seconds: float | None = None
+    #: the dynamic pass's status ("ok", "failed", "needs-cuda", ...); None: static pass only
+    status: str | None = None
+    #: the dynamic result came from the cache (`--cache-dir`), not from a run in this scan
+    cached: bool = False
+    #: its place in its pass, for progress display: `done` of `total` kernels (or files)
+    done: int = 0
+    total: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.verdict.path, "file": self.verdict.file or self.verdict.path,
+                "verdict": self.verdict.verdict, "reasons": self.verdict.reasons,
+                "findings": [f.to_dict() for f in self.findings],
+                "seconds": round(self.seconds, 3) if self.seconds is not None else None,
+                "status": self.status, "cached": self.cached}

@@ -1,0 +1,130 @@
+"""The dynamic pass inside one scan (`kaudit.scan_paths(..., dynamic=DynamicOptions(...))`): the
+kernels the static pass read, run against their reference problems (`kernels.audit_items`), each
+kernel's findings handed back the moment it ends, named and fingerprinted like static ones and
+marked against the baseline. `kaudit.api` judges the verdicts once, from both passes.
+
+`jobs_guarded` is what every caller that runs benchmark code does first and last: the sandbox
+mode set and checked, stale temporary folders of killed runs removed, kaudit's own code imported
+and fingerprinted before any job, and checked after the last (`InstallationChanged`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kaudit.baseline import mark_findings
+from kaudit.config import Config
+from kaudit.discover import WorkItem
+from kaudit.dynamic import sandbox, scratch
+from kaudit.dynamic.kernels import KernelRun, audit_items
+from kaudit.dynamic.options import DynamicOptions
+from kaudit.dynamic.problems import resolve_device
+from kaudit.dynamic.result_cache import DynamicCache
+from kaudit.dynamic.selfcheck import Installation
+from kaudit.findings import Finding, assign_fingerprints
+from kaudit.source import split_lines
+
+
+class InstallationChanged(RuntimeError):
+    """kaudit's own installed files changed while jobs ran: a job may have edited them, so
+    nothing this process says any more can be trusted."""
+
+    def __init__(self, changed: list[str]) -> None:
+        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+        super().__init__(f"refusing to report: kaudit's own installed code changed during the "
+                         f"dynamic pass ({shown}); a job may have edited it. Reinstall kaudit "
+                         "and scan again with --sandbox on")
+        self.changed = changed
+
+
+def prepare_jobs(mode: str) -> Installation:
+    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built raises
+    SandboxError), stale temporary folders of killed runs removed, kaudit's code imported and
+    fingerprinted (for `InstallationChanged`)."""
+    sandbox.set_mode(mode)
+    sandbox.active()
+    scratch.remove_stale()
+    return Installation.before_jobs()
+
+
+@contextlib.contextmanager
+def jobs_guarded(mode: str) -> Iterator[None]:
+    installation = prepare_jobs(mode)
+    yield
+    changed = installation.changed()
+    if changed:
+        raise InstallationChanged(changed)
+
+
+@dataclass
+class DynamicPass:
+    """What the dynamic pass adds to a scan."""
+
+    device: str
+    #: the dynamic findings of each scanned file, by `WorkItem.key`
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    runs: list[KernelRun] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"device": self.device, "kernels": len(self.runs),
+                "statuses": dict(Counter(run.status for run in self.runs)),
+                "cached": sum(run.cached for run in self.runs)}
+
+
+def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
+             baseline: set | None = None,
+             on_kernel: Callable[[int, int, WorkItem, list[Finding], KernelRun, float], None]
+             | None = None
+             ) -> DynamicPass:
+    """Run the kernels among `items` (the static pass's scanned items, one per file);
+    `on_kernel(done, total, item, findings, run, seconds)` when each ends, with its reported findings.
+    Raises ValueError for an unusable device, SandboxError and InstallationChanged."""
+    device = resolve_device(options.device)
+    result = DynamicPass(device)
+    cache = _open_cache(config, options, device, result.warnings)
+
+    def finished(done: int, total: int, item: WorkItem, run: KernelRun, seconds: float) -> None:
+        findings = _reported(item, run, config, baseline)
+        result.findings[item.key] = findings
+        if on_kernel is not None:
+            on_kernel(done, total, item, findings, run, seconds)
+
+    try:
+        with jobs_guarded(options.sandbox):
+            result.runs = audit_items(items, options, device, finished, cache)
+    finally:
+        if cache is not None:
+            cache.close()
+            if cache.warning:
+                result.warnings.append(cache.warning)
+    return result
+
+
+def _open_cache(config: Config, options: DynamicOptions, device: str, warnings: list[str]
+                ) -> DynamicCache | None:
+    if not config.cache_dir:
+        return None
+    try:
+        return DynamicCache(config.cache_dir, options, device)
+    except Exception as exc:  # noqa: BLE001 - an unusable cache: the scan goes on without it
+        warnings.append(f"dynamic result cache {config.cache_dir} not usable "
+                        f"({type(exc).__name__}: {exc}); running every kernel")
+        return None
+
+
+def _reported(item: WorkItem, run: KernelRun, config: Config, baseline: set | None
+              ) -> list[Finding]:
+    """A run's findings as the report shows them: enabled rules only, fingerprinted against
+    the kernel's lines, marked against the baseline."""
+    try:
+        text = item.text if item.text is not None else \
+            Path(item.file).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    findings = assign_fingerprints([f for f in run.findings if config.is_enabled(f.rule)],
+                                   {item.display: split_lines(text)})
+    return mark_findings(findings, baseline) if baseline is not None else findings
