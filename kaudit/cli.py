@@ -485,6 +485,7 @@ def problems(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Run every problem in an OS sandbox (Linux namespaces): auto, on or off.")] = SandboxMode.auto,  # noqa: E501
+    stream: Annotated[Optional[Path], typer.Option("--stream", help="Write one JSON line per problem into this file the moment it ends (path, verdict: its worst finding's level, status, findings, seconds).")] = None,  # noqa: UP007,E501
 ) -> None:
     """Audit benchmark problems: can their correctness check tell a real kernel from a trivial
     one? Each problem runs in a child process; needs torch (the `dynamic` extra)."""
@@ -500,7 +501,8 @@ def problems(
                            memory_limit=memory_limit,
                            output_format=output_format.value, output=output,
                            fail_on=fail_on.value if fail_on else None,
-                           before_output=lambda: _refuse_if_changed(installation))
+                           before_output=lambda: _refuse_if_changed(installation),
+                           stream=stream)
     except ProblemsUsageError as exc:
         _usage_error(str(exc))
     raise typer.Exit(code)
