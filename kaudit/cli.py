@@ -124,6 +124,7 @@ def scan(
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
+    build_cache: Annotated[Optional[str], typer.Option("--build-cache", help="--dynamic: the folder of compiled extensions, shared by scans and processes (default: ~/.cache/kaudit/builds), or none for a temporary one.")] = None,  # noqa: UP007,E501
     stream: Annotated[Optional[Path], typer.Option("--stream", help="Write one JSON line per kernel into this file the moment its verdict is final (path, verdict, findings, seconds, status, cached).")] = None,  # noqa: UP007,E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
@@ -131,7 +132,8 @@ def scan(
         _make_folder(output_dir, "--output-dir")
     options = _dynamic_options(device, problem, problems_root, tolerance, atol, rtol, timeout,
                                scales=scales, jobs=jobs, artifacts=artifacts,
-                               memory_limit=memory_limit, sandbox=sandbox) if dynamic else None
+                               memory_limit=memory_limit, sandbox=sandbox,
+                               build_cache=build_cache) if dynamic else None
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir,
                                benchmark.value if benchmark else None, policy=policy,
@@ -252,7 +254,8 @@ def _refuse_if_changed(installation) -> None:
 def _dynamic_options(device: str, problem: Path | None, problems_root: Path | None,
                      tolerance: str | None, atol: float | None, rtol: float | None,
                      timeout: float, *, scales: str, jobs: int | None, artifacts: Path | None,
-                     memory_limit: str | None, sandbox: SandboxMode = SandboxMode.auto):
+                     memory_limit: str | None, sandbox: SandboxMode = SandboxMode.auto,
+                     build_cache: str | None = None):
     """`scan --dynamic`'s options, checked before anything is scanned: a bad one is a usage
     error."""
     from kaudit.dynamic import tolerance as tolerances
@@ -273,11 +276,13 @@ def _dynamic_options(device: str, problem: Path | None, problems_root: Path | No
         memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
     except ValueError as exc:
         _usage_error(str(exc))
+    builds = {} if build_cache is None else \
+        {"extensions_dir": None if build_cache.lower() == "none" else build_cache}
     return DynamicOptions(chosen, device, str(problem) if problem else None,
                           str(problems_root) if problems_root else None, timeout,
                           scales=scale_factors, jobs=jobs or 1,
                           artifacts_dir=str(artifacts) if artifacts else None,
-                          memory_limit=memory, sandbox=sandbox.value)
+                          memory_limit=memory, sandbox=sandbox.value, **builds)
 
 
 def _shown(report: Report, output_format: OutputFormat, shown_from: Level | None) -> Report:

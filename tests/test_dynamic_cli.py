@@ -67,13 +67,21 @@ def test_options_reach_dynamic_options(kernel, recorder):
     assert options.artifacts_dir == "pictures"
 
 
-def test_defaults(kernel, recorder):
+def test_defaults(kernel, recorder, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
     result = scan("-f", "json")
     assert result.exit_code == 0, result.output
     (options,) = recorder.options
     assert options.scales == kaudit.dynamic.kernels.DEFAULT_SCALES
     assert options.jobs == 1
     assert options.artifacts_dir is None
+    assert options.extensions_dir == str(tmp_path / "user-cache" / "kaudit" / "builds")
+
+
+@pytest.mark.parametrize(("given", "folder"), [("none", None), ("builds", "builds")])
+def test_build_cache_option(kernel, recorder, given, folder):
+    assert scan("--build-cache", given).exit_code == 0
+    assert recorder.options[0].extensions_dir == folder
 
 
 @pytest.mark.parametrize(("scales", "message"), [

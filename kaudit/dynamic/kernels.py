@@ -443,6 +443,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                  if name.startswith("inputs_") or name == "init.pt"}
         if device == "cpu" and uses_triton(text):
             env = {**env, "TRITON_INTERPRET": "1"}
+        # torch's extension builds: ninja with every core unless the caller chose
+        env = {**env, "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
         schedule = random.Random(f"{options.key}\0{run.path}")
         kernel = os.path.abspath(file)
         visible = (os.path.dirname(kernel), os.path.dirname(problem))

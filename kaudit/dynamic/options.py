@@ -28,9 +28,10 @@ class DynamicOptions:
     timeout: float = 300.0
     init_seed: int = INIT_SEED
     seeds: tuple[int, int] = INPUT_SEEDS
-    #: a cache of extension builds, one folder per kernel text (content-addressed); None: each
-    #: candidate job builds in its own temporary folder
-    extensions_dir: str | None = None
+    #: the cache of extension builds, one folder per kernel text (content-addressed, checked,
+    #: shared by scans and processes; `builds.default_root()` unless given); None: a temporary
+    #: one for this scan
+    extensions_dir: str | None = field(default_factory=lambda: _default_build_cache())
     #: input scales of the scale-fragility probe (KD301); 1 is the default scale
     scales: tuple[float, ...] = DEFAULT_SCALES
     #: kernels audited at once (spread over the visible GPUs on CUDA)
@@ -62,3 +63,9 @@ class DynamicOptions:
         assert isinstance(tolerance, Tolerance)
         return repr((tolerance, self.init_seed, tuple(self.seeds), tuple(self.scales),
                      self.timeout, self.memory_limit, tuple(self.calls), self.artifacts_dir))
+
+
+def _default_build_cache() -> str:
+    from kaudit.dynamic.builds import default_root
+
+    return default_root()
