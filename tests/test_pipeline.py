@@ -163,3 +163,27 @@ def test_a_cache_entry_changed_by_anything_else_is_run_again(in_tmp, monkeypatch
                    "'\"ok\" ')")
     kaudit.scan_paths(["."], config, dynamic=options)
     assert ran == ["k0/kernel.py", "k0/kernel.py"]
+
+
+def test_timeouts_and_incomplete_audits_are_run_again(in_tmp, monkeypatch):
+    from kaudit.findings import Finding, Level, Location
+
+    linear_copies(in_tmp, 3)
+    ran = []
+
+    def audit(file, display, *args, **kwargs) -> KernelRun:
+        ran.append(display)
+        if display.startswith("k0/"):
+            return KernelRun(display, "problem.py", "incomplete")
+        if display.startswith("k1/"):
+            return KernelRun(display, "problem.py", "failed", [Finding(
+                "KD501", "candidate-failed", Level.ERROR, Location(display, 5),
+                "the kernel timed out", pass_="dynamic", metrics={"status": "timeout"})])
+        return KernelRun(display, "problem.py", "ok")
+
+    monkeypatch.setattr(kaudit.dynamic.kernels, "audit_kernel", audit)
+    config = kaudit.Config(cache_dir=str(in_tmp / "cache"))
+    for _ in range(2):
+        kaudit.scan_paths(["."], config, dynamic=kaudit.DynamicOptions(device="cpu"))
+    assert sorted(ran) == ["k0/kernel.py", "k0/kernel.py", "k1/kernel.py", "k1/kernel.py",
+                           "k2/kernel.py"]

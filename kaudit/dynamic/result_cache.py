@@ -6,8 +6,9 @@ text, the options that change findings (`DynamicOptions.cache_key`), kaudit's ow
 (`kaudit.cache.code_fingerprint`), the torch and Triton versions and the device's model. Each is
 stored the moment its kernel ends (one committed row), signed like the static cache's entries
 (`kaudit.cache.sign`, the installation key, which jobs cannot read): a row written or changed by
-anything else does not verify and the kernel runs again. An audit that did not complete (KD504)
-is not stored: it is worth retrying."""
+anything else does not verify and the kernel runs again. An audit that did not complete (KD504),
+and a job that timed out or ran out of memory (which a busy machine, or a neighbour on the GPU,
+can cause), are not stored: they are worth retrying."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS signed_dynamic_results (key TEXT PRIMARY 
 DATABASE = "dynamic.sqlite"
 #: statuses not stored: the audit did not complete
 NOT_STORED = ("incomplete",)
+#: job outcomes (a finding's `status` metric) not stored: they may say more about the machine
+#: than about the kernel
+TRANSIENT = ("timeout", "oom")
 
 
 class DynamicCache:
@@ -64,7 +68,8 @@ class DynamicCache:
                          cached=True)
 
     def put(self, key: str, run: KernelRun) -> None:
-        if run.status in NOT_STORED:
+        if run.status in NOT_STORED or any(f.metrics.get("status") in TRANSIENT
+                                           for f in run.findings):
             return
         value = json.dumps({"path": run.path, "problem": run.problem, "status": run.status,
                             "findings": [f.to_dict() for f in run.findings],
