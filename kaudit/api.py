@@ -88,19 +88,21 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
                                         bool(run is not None and run.cached), done, total))
 
     scanned = _results([scanned for scanned, _ in files], config, report.warnings)
+    to_run: list[WorkItem] = []  # what the dynamic pass runs: its verdict is final after it
     for done, (item, result) in enumerate(scanned, start=1):
         if known is not None:
             result.findings = mark_findings(result.findings, known)
         results[item.key] = result
-        if not result.skipped and (dynamic is None or not _runs(item)):
-            final(done, len(files), item, result.findings)
+        if not result.skipped:
+            if dynamic is not None and _runs(item):
+                to_run.append(item)
+            else:
+                final(done, len(files), item, result.findings)
         if on_file is not None:
             on_file(done, len(files))
     pass_ = None
     if dynamic is not None:
-        pass_ = _dynamic_pass([item for item, _ in files
-                               if not results[item.key].skipped and _runs(item)],
-                              dynamic, config, known, results, final)
+        pass_ = _dynamic_pass(to_run, dynamic, config, known, results, final)
         report.warnings += pass_.warnings
     for item, _ in files:
         result = results[item.key]
@@ -136,10 +138,7 @@ def _dynamic_pass(items: list[WorkItem], options: DynamicOptions, config: Config
               seconds: float) -> None:
         final(done, total, item, results[item.key].findings + findings, seconds, run)
 
-    try:
-        return run_pass(items, options, config, known, ended)
-    except ValueError as exc:  # an unusable device
-        raise ConfigError(str(exc)) from exc
+    return run_pass(items, options, config, known, ended)
 
 
 def _scan_item(job: tuple[WorkItem, Config]) -> FileResult:

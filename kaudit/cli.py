@@ -124,7 +124,7 @@ def scan(
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
-    build_cache: Annotated[Optional[str], typer.Option("--build-cache", help="--dynamic: the folder of compiled extensions, shared by scans and processes (default: ~/.cache/kaudit/builds), or none for a temporary one.")] = None,  # noqa: UP007,E501
+    build_cache: Annotated[Optional[str], typer.Option("--build-cache", help="--dynamic: the folder of compiled extensions, shared by scans and processes (default: ~/.cache/kernel-builds), or none for a temporary one.")] = None,  # noqa: UP007,E501
     stream: Annotated[Optional[Path], typer.Option("--stream", help="Write one JSON line per kernel into this file the moment its verdict is final (path, verdict, findings, seconds, status, cached).")] = None,  # noqa: UP007,E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""

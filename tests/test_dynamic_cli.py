@@ -75,7 +75,7 @@ def test_defaults(kernel, recorder, monkeypatch, tmp_path):
     assert options.scales == kaudit.dynamic.kernels.DEFAULT_SCALES
     assert options.jobs == 1
     assert options.artifacts_dir is None
-    assert options.extensions_dir == str(tmp_path / "user-cache" / "kaudit" / "builds")
+    assert options.extensions_dir == str(tmp_path / "user-cache" / "kernel-builds")
 
 
 @pytest.mark.parametrize(("given", "folder"), [("none", None), ("builds", "builds")])

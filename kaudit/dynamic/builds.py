@@ -41,10 +41,16 @@ DEFAULT_MAX_BYTES = 20 << 30
 _KEY_LENGTH = 16
 
 
+#: the persistent cache's folder in the user cache folder. Jobs see its path (the extension and
+#: Triton cache variables name it), so it names no auditor: a kernel that looks for one there
+#: must find a folder any benchmark run could have
+DEFAULT_FOLDER = "kernel-builds"
+
+
 def default_root() -> str:
-    """`$XDG_CACHE_HOME/kaudit/builds` (~/.cache/kaudit/builds)."""
+    """`$XDG_CACHE_HOME/kernel-builds` (~/.cache/kernel-builds)."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "kaudit", "builds")
+    return os.path.join(cache, DEFAULT_FOLDER)
 
 
 class BuildCache:

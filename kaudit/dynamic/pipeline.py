@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kaudit.baseline import mark_findings
-from kaudit.config import Config
+from kaudit.config import Config, ConfigError
 from kaudit.discover import WorkItem
 from kaudit.dynamic import sandbox, scratch
 from kaudit.dynamic.kernels import KernelRun, audit_items
@@ -82,8 +82,11 @@ def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
              ) -> DynamicPass:
     """Run the kernels among `items` (the static pass's scanned items, one per file);
     `on_kernel(done, total, item, findings, run, seconds)` when each ends, with its reported findings.
-    Raises ValueError for an unusable device, SandboxError and InstallationChanged."""
-    device = resolve_device(options.device)
+    Raises ConfigError for an unusable device, SandboxError and InstallationChanged."""
+    try:
+        device = resolve_device(options.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     result = DynamicPass(device)
     cache = _open_cache(config, options, device, result.warnings)
 
