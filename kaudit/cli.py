@@ -183,7 +183,7 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
     except (FileNotFoundError, ConfigError) as exc:
         _usage_error(str(exc))
     except Exception as exc:
-        from kaudit.dynamic.pipeline import InstallationChanged
+        from kaudit.dynamic.selfcheck import InstallationChanged
         from kaudit.dynamic.sandbox import SandboxError
 
         if isinstance(exc, (SandboxError, InstallationChanged)):
@@ -229,10 +229,10 @@ def _on_sigterm() -> None:
 
 
 def _jobs_guarded(mode: SandboxMode):
-    """Before kaudit runs benchmark problems: `pipeline.prepare_jobs` (`on` where the sandbox
+    """Before kaudit runs benchmark problems: `selfcheck.prepare_jobs` (`on` where the sandbox
     cannot be built is a usage error) and SIGTERM unwinding. Returns the installation's
     fingerprint, for `_refuse_if_changed`."""
-    from kaudit.dynamic.pipeline import prepare_jobs
+    from kaudit.dynamic.selfcheck import prepare_jobs
     from kaudit.dynamic.sandbox import SandboxError
 
     try:
@@ -244,7 +244,7 @@ def _jobs_guarded(mode: SandboxMode):
 
 
 def _refuse_if_changed(installation) -> None:
-    from kaudit.dynamic.pipeline import InstallationChanged
+    from kaudit.dynamic.selfcheck import InstallationChanged
 
     changed = installation.changed()
     if changed:

@@ -3,60 +3,26 @@ kernels the static pass read, run against their reference problems (`kernels.aud
 kernel's findings handed back the moment it ends, named and fingerprinted like static ones and
 marked against the baseline. `kaudit.api` judges the verdicts once, from both passes.
 
-`jobs_guarded` is what every caller that runs benchmark code does first and last: the sandbox
-mode set and checked, stale temporary folders of killed runs removed, kaudit's own code imported
-and fingerprinted before any job, and checked after the last (`InstallationChanged`)."""
+Around the jobs, `selfcheck.jobs_guarded`: the sandbox mode set and checked, stale temporary
+folders removed, kaudit's own code fingerprinted before the first job and checked after the last."""
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kaudit.baseline import mark_findings
 from kaudit.config import Config, ConfigError
 from kaudit.discover import WorkItem
-from kaudit.dynamic import sandbox, scratch
 from kaudit.dynamic.kernels import KernelRun, audit_items
 from kaudit.dynamic.options import DynamicOptions
 from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.result_cache import DynamicCache
-from kaudit.dynamic.selfcheck import Installation
+from kaudit.dynamic.selfcheck import jobs_guarded
 from kaudit.findings import Finding, assign_fingerprints
 from kaudit.source import split_lines
-
-
-class InstallationChanged(RuntimeError):
-    """kaudit's own installed files changed while jobs ran: a job may have edited them, so
-    nothing this process says any more can be trusted."""
-
-    def __init__(self, changed: list[str]) -> None:
-        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
-        super().__init__(f"refusing to report: kaudit's own installed code changed during the "
-                         f"dynamic pass ({shown}); a job may have edited it. Reinstall kaudit "
-                         "and scan again with --sandbox on")
-        self.changed = changed
-
-
-def prepare_jobs(mode: str) -> Installation:
-    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built raises
-    SandboxError), stale temporary folders of killed runs removed, kaudit's code imported and
-    fingerprinted (for `InstallationChanged`)."""
-    sandbox.set_mode(mode)
-    sandbox.active()
-    scratch.remove_stale()
-    return Installation.before_jobs()
-
-
-@contextlib.contextmanager
-def jobs_guarded(mode: str) -> Iterator[None]:
-    installation = prepare_jobs(mode)
-    yield
-    changed = installation.changed()
-    if changed:
-        raise InstallationChanged(changed)
 
 
 @dataclass
