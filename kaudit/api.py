@@ -1,22 +1,20 @@
-"""kaudit's Python API. The CLI is a thin layer over these two functions.
+"""kaudit's Python API. The CLI is a thin layer over these functions.
 
     import kaudit
     findings = kaudit.scan_source(code, path="kernel.py")      # one in-memory kernel, milliseconds
     report = kaudit.scan_paths(["runs/"], kaudit.Config(jobs=2))
     report.to_dict()                                             # the JSON the CLI prints
+    report = kaudit.scan_paths(["runs/"], dynamic=kaudit.DynamicOptions(device="cuda", jobs=4))
 """
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import sqlite3
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from kaudit import __version__
 from kaudit.adapters import adapt
 from kaudit.baseline import load_baseline, mark_findings
 from kaudit.cache import ResultCache
@@ -24,56 +22,14 @@ from kaudit.config import Config, ConfigError
 from kaudit.discover import WorkItem, by_file, discover
 from kaudit.engine import FileResult, scan_file, scan_text, scanning
 from kaudit.entry import MODEL_NEW
-from kaudit.findings import Finding, Level, ScanError
-from kaudit.results import BaselineTimings, ResultTrees, Submission
+from kaudit.findings import Finding
+from kaudit.dynamic.options import DynamicOptions
+from kaudit.report.model import KernelOutcome, Report
+from kaudit.results import BaselineTimings, Submission
 from kaudit.verdicts import Verdict, judge, summarize
 
 #: below this many files per worker, starting processes costs more than it saves
 _FILES_PER_WORKER = 8
-
-
-@dataclass
-class Report:
-    """The outcome of a scan: plain data, serialisable with `to_dict()`."""
-
-    findings: list[Finding] = field(default_factory=list)
-    files_scanned: int = 0
-    files_skipped: int = 0
-    errors: list[ScanError] = field(default_factory=list)
-    #: one per scanned kernel: what its benchmark run claimed and whether to trust it
-    verdicts: list[Verdict] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-    #: findings left out of this view by level (`at_least`), per level
-    hidden: dict[str, int] = field(default_factory=dict)
-    #: what did not stop the scan but should be said once on stderr (an unusable cache)
-    warnings: list[str] = field(default_factory=list)
-
-    def at_least(self, level: Level) -> Report:
-        """This report showing only findings at or above `level`; the rest counted in `hidden`.
-        Verdicts, summaries and exit codes still count every finding."""
-        shown = [f for f in self.findings if f.level.rank >= level.rank]
-        hidden = Counter(self.hidden)
-        hidden.update(f.level.value for f in self.findings if f.level.rank < level.rank)
-        return dataclasses.replace(self, findings=shown, hidden=dict(hidden))
-
-    def add(self, result: FileResult) -> None:
-        if result.skipped:
-            self.files_skipped += 1
-            return
-        self.files_scanned += 1
-        self.findings.extend(result.findings)
-        self.errors.extend(result.errors)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "tool": {"name": "kaudit", "version": __version__},
-            "files_scanned": self.files_scanned,
-            "files_skipped": self.files_skipped,
-            "findings": [f.to_dict() for f in self.findings],
-            "errors": [e.to_dict() for e in self.errors],
-            "verdicts": [v.to_dict() for v in self.verdicts],
-            "summary": self.summary,
-        } | ({"findings_hidden": self.hidden} if self.hidden else {})
 
 
 def scan_source(text: str | bytes, path: str = "kernel.py", config: Config | None = None
@@ -83,12 +39,18 @@ def scan_source(text: str | bytes, path: str = "kernel.py", config: Config | Non
 
 
 def scan_paths(paths: Iterable[str], config: Config | None = None,
-               on_file: Callable[[int, int], None] | None = None) -> Report:
-    """Audit files, folders and benchmark result trees.
+               on_file: Callable[[int, int], None] | None = None, *,
+               dynamic: DynamicOptions | None = None,
+               on_kernel: Callable[[KernelOutcome], None] | None = None) -> Report:
+    """Audit files, folders and benchmark result trees: discovery, the static pass, with
+    `dynamic` the dynamic pass (needs torch), the baseline, verdicts and summary, once each.
 
     Raises FileNotFoundError if a path does not exist and ConfigError for unusable options
-    (a baseline or timings file that cannot be read). `on_file(done, total)` is called after each
-    file, for progress display.
+    (a baseline or timings file that cannot be read, an unusable device); with `dynamic`, also
+    SandboxError (`sandbox="on"` where there is none) and `InstallationChanged` (kaudit's own
+    files changed while jobs ran: nothing can be reported). `on_file(done, total)` is called
+    after each file of the static pass, for progress display; `on_kernel(outcome)` the moment
+    each kernel's verdict is final (after the static pass, or after its dynamic run).
     """
     config = config or Config()
     found = discover(list(paths))
@@ -108,22 +70,81 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
     files = by_file(items)
     verdicts: dict[int, Verdict] = {}
     order = {id(item): position for position, item in enumerate(items)}
+    reached_by = {scanned.key: reached for scanned, reached in files}
+    results: dict[str, FileResult] = {}
+
+    def final(done: int, total: int, item: WorkItem, findings: list[Finding],
+              seconds: float | None = None, run: Any = None) -> None:
+        """A file's findings are complete: the verdict of every path reaching it."""
+        result = results[item.key]
+        for path in reached_by[item.key]:
+            verdict = verdicts[order[id(path)]] = judge(
+                path.display, path.submission or Submission("plain"), findings, timings,
+                config.suspicious_speedup, file=item.display,
+                incomplete=any(error.internal for error in result.errors),
+                measured=run.metrics.get("measured") if run is not None else None)
+            if on_kernel is not None:
+                on_kernel(KernelOutcome(verdict, findings, seconds,
+                                        run.status if run is not None else None,
+                                        bool(run is not None and run.cached), done, total))
+
     scanned = _results([scanned for scanned, _ in files], config, report.warnings)
-    for done, ((_, reached), (item, result)) in enumerate(zip(files, scanned), start=1):
+    to_run: list[WorkItem] = []  # what the dynamic pass runs: its verdict is final after it
+    for done, (item, result) in enumerate(scanned, start=1):
         if known is not None:
             result.findings = mark_findings(result.findings, known)
-        report.add(result)
+        results[item.key] = result
         if not result.skipped:
-            for path in reached:
-                verdicts[order[id(path)]] = judge(
-                    path.display, path.submission or Submission("plain"), result.findings,
-                    timings, config.suspicious_speedup, file=item.display,
-                    incomplete=any(error.internal for error in result.errors))
+            if dynamic is not None and _runs(item):
+                to_run.append(item)
+            else:
+                final(done, len(files), item, result.findings)
         if on_file is not None:
             on_file(done, len(files))
+    pass_ = None
+    if dynamic is not None:
+        pass_ = _dynamic_pass(to_run, dynamic, config, known, results, final)
+        report.warnings += pass_.warnings
+    for item, _ in files:
+        result = results[item.key]
+        if pass_ is not None:
+            result.findings = result.findings + pass_.findings.get(item.key, [])
+        report.add(result)
     report.verdicts = [verdicts[position] for position in sorted(verdicts)]
     report.summary = summarize(report.verdicts)
+    if pass_ is not None:
+        report.summary["dynamic"] = pass_.summary()
     return report
+
+
+def _runs(item: WorkItem) -> bool:
+    """Whether the dynamic pass runs this kernel (it names ModelNew, or another benchmark's
+    adapter made it); read again by the pass."""
+    from kaudit.dynamic.adapted import wrapped  # torch-free
+
+    if wrapped(item):
+        return True
+    if item.text is not None:
+        return "ModelNew" in item.text
+    try:
+        return "ModelNew" in Path(item.file).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # the pass reports it as not audited (KD504)
+
+
+def _dynamic_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
+                  known: set | None, results: dict[str, FileResult],
+                  final: Callable[..., None]) -> Any:
+    try:
+        from kaudit.dynamic.pipeline import run_pass  # torch: only from here on
+    except ImportError as exc:
+        raise ConfigError(f"the dynamic pass needs torch (the `dynamic` extra): {exc}") from exc
+
+    def ended(done: int, total: int, item: WorkItem, findings: list[Finding], run: Any,
+              seconds: float) -> None:
+        final(done, total, item, results[item.key].findings + findings, seconds, run)
+
+    return run_pass(items, options, config, known, ended)
 
 
 def _scan_item(job: tuple[WorkItem, Config]) -> FileResult:

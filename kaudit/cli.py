@@ -15,7 +15,8 @@ from rich.table import Column, Table
 
 from kaudit import __version__
 from kaudit.adapters.model import BENCHMARKS
-from kaudit.api import Report, scan_paths
+from kaudit.api import scan_paths
+from kaudit.report.model import Report
 from kaudit.baseline import write_baseline
 from kaudit.config import Config, ConfigError, load_config
 from kaudit.discover import display_path
@@ -125,18 +126,21 @@ def scan(
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
     timing: Annotated[str, typer.Option("--timing", help="--dynamic: time each kernel that passed beside its reference (verified speedups, KD701): auto (on with CUDA), on, off, or kernelbench (KernelBench's own method).")] = "auto",  # noqa: E501
     speedup_tolerance: Annotated[float, typer.Option(help="--dynamic --timing: KD701 when a claimed speedup exceeds the measured one by more than this factor.")] = 1.5,  # noqa: E501
+    build_cache: Annotated[Optional[str], typer.Option("--build-cache", help="--dynamic: the folder of compiled extensions, shared by scans and processes (default: ~/.cache/kernel-builds), or none for a temporary one.")] = None,  # noqa: UP007,E501
+    stream: Annotated[Optional[Path], typer.Option("--stream", help="Write one JSON line per kernel into this file the moment its verdict is final (path, verdict, findings, seconds, status, cached).")] = None,  # noqa: UP007,E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     if output_dir is not None:
         _make_folder(output_dir, "--output-dir")
+    options = _dynamic_options(device, problem, problems_root, tolerance, atol, rtol, timeout,
+                               scales=scales, jobs=jobs, artifacts=artifacts,
+                               memory_limit=memory_limit, sandbox=sandbox,
+                               build_cache=build_cache,
+                               timing=(timing, speedup_tolerance)) if dynamic else None
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir,
-                               benchmark.value if benchmark else None, policy=policy)
-    if dynamic:
-        _run_dynamic(paths, report, config, device, problem, problems_root, tolerance, atol, rtol,
-                     timeout, scales=scales, jobs=jobs, artifacts=artifacts,
-                     memory_limit=memory_limit, sandbox=sandbox,
-                     timing=(timing, speedup_tolerance))
+                               benchmark.value if benchmark else None, policy=policy,
+                               dynamic=options, stream=stream)
     shown_from = Level(min_level.value) if min_level else None
     if output_dir is not None:
         _write_all(report, config, output_dir, shown_from)
@@ -152,7 +156,8 @@ def scan(
 
 
 def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspicious, cache_dir,
-              benchmark: str | None = None, policy: str | None = None) -> tuple[Report, Config]:
+              benchmark: str | None = None, policy: str | None = None, dynamic=None,
+              stream: Path | None = None) -> tuple[Report, Config]:
     try:
         config = load_config().with_options(
             select=_codes(select), ignore=_codes(ignore), jobs=jobs, policy=policy,
@@ -163,15 +168,49 @@ def _run_scan(paths: list[Path], select, ignore, jobs, baseline, timings, suspic
     except (ConfigError, ValueError) as exc:
         _usage_error(f"configuration error: {exc}")
     progress = DelayedProgress("scanning")
+    kernels = DelayedProgress("running kernels")
+    lines = _open_stream(stream)
+
+    def on_kernel(outcome) -> None:
+        if outcome.status is not None:
+            kernels.finished(outcome.done, outcome.total, outcome.verdict.path,
+                             outcome.verdict.verdict, outcome.seconds or 0.0)
+        if lines is not None:
+            lines.write(outcome.to_dict())
+
+    if dynamic is not None:
+        _on_sigterm()
     try:
-        report = scan_paths([str(p) for p in paths], config, on_file=progress.update)
+        report = scan_paths([str(p) for p in paths], config, on_file=progress.update,
+                            dynamic=dynamic, on_kernel=on_kernel)
     except (FileNotFoundError, ConfigError) as exc:
         _usage_error(str(exc))
+    except Exception as exc:
+        from kaudit.dynamic.selfcheck import InstallationChanged
+        from kaudit.dynamic.sandbox import SandboxError
+
+        if isinstance(exc, (SandboxError, InstallationChanged)):
+            _usage_error(str(exc))
+        raise
     finally:
         progress.stop()
-    for warning in report.warnings:
+        kernels.stop()
+        if lines is not None:
+            lines.close()
+    for warning in report.warnings + (lines.warnings if lines is not None else []):
         stderr.print(f"kaudit: warning: {warning}", markup=False, soft_wrap=True)
     return report, config
+
+
+def _open_stream(path: Path | None):
+    if path is None:
+        return None
+    from kaudit.report.stream import JsonLines
+
+    try:
+        return JsonLines(path)
+    except OSError as exc:
+        _usage_error(f"--stream: cannot write {path}: {exc.strerror or exc}")
 
 
 def _make_folder(folder: Path, option: str) -> None:
@@ -184,44 +223,46 @@ def _make_folder(folder: Path, option: str) -> None:
         _usage_error(f"{option}: cannot create {folder}: {exc.strerror or exc}")
 
 
-def _jobs_guarded(mode: SandboxMode):
-    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built is a
-    usage error), stale temporary folders of killed runs removed, SIGTERM unwinding (running jobs
-    killed, temporary folders removed), and kaudit's own code imported and fingerprinted. Returns
-    the fingerprint, for `_refuse_if_changed`."""
+def _on_sigterm() -> None:
+    """SIGTERM and SIGINT kill the running jobs and unwind (temporary folders removed)."""
     from kaudit.dynamic import sandbox, scratch
-    from kaudit.dynamic.selfcheck import Installation
 
-    sandbox.set_mode(mode.value)
-    try:
-        sandbox.active()
-    except sandbox.SandboxError as exc:
-        _usage_error(str(exc))
-    scratch.remove_stale()
     scratch.on_terminate(sandbox.kill_all)
     scratch.exit_on_sigterm()
-    return Installation.before_jobs()
+
+
+def _jobs_guarded(mode: SandboxMode):
+    """Before kaudit runs benchmark problems: `selfcheck.prepare_jobs` (`on` where the sandbox
+    cannot be built is a usage error) and SIGTERM unwinding. Returns the installation's
+    fingerprint, for `_refuse_if_changed`."""
+    from kaudit.dynamic.selfcheck import prepare_jobs
+    from kaudit.dynamic.sandbox import SandboxError
+
+    try:
+        installation = prepare_jobs(mode.value)
+    except SandboxError as exc:
+        _usage_error(str(exc))
+    _on_sigterm()
+    return installation
 
 
 def _refuse_if_changed(installation) -> None:
+    from kaudit.dynamic.selfcheck import InstallationChanged
+
     changed = installation.changed()
     if changed:
-        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
-        _usage_error(f"refusing to report: kaudit's own installed code changed during the dynamic "
-                     f"pass ({shown}); a job may have edited it. Reinstall kaudit and scan again "
-                     "with --sandbox on")
+        _usage_error(str(InstallationChanged(changed)))
 
 
-def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
-                 problem: Path | None, problems_root: Path | None, tolerance: str | None,
-                 atol: float | None, rtol: float | None, timeout: float, *, scales: str,
-                 jobs: int | None, artifacts: Path | None, memory_limit: str | None,
-                 sandbox: SandboxMode = SandboxMode.auto,
-                 timing: tuple[str, float] = ("auto", 1.5)) -> None:
-    from kaudit.dynamic import tolerance as tolerances  # torch: only from here on
-    from kaudit.dynamic.limits import parse_memory_limit
-    from kaudit.dynamic.problems_cli import parse_scales
-    from kaudit.dynamic.timing import TimingSettings
+def _dynamic_options(device: str, problem: Path | None, problems_root: Path | None,
+                     tolerance: str | None, atol: float | None, rtol: float | None,
+                     timeout: float, *, scales: str, jobs: int | None, artifacts: Path | None,
+                     memory_limit: str | None, sandbox: SandboxMode = SandboxMode.auto,
+                     build_cache: str | None = None, timing: tuple[str, float] = ("auto", 1.5)):
+    """`scan --dynamic`'s options, checked before anything is scanned: a bad one is a usage
+    error."""
+    from kaudit.dynamic import tolerance as tolerances
+    from kaudit.dynamic.options import DynamicOptions, TimingSettings
 
     if problem is not None and not problem.is_file():
         _usage_error(f"--problem: not a file: {problem}")
@@ -230,44 +271,24 @@ def _run_dynamic(paths: list[Path], report: Report, config: Config, device: str,
     if artifacts is not None and artifacts.exists() and not artifacts.is_dir():
         _usage_error(f"--artifacts: not a folder: {artifacts}")
     try:
+        from kaudit.dynamic.limits import parse_memory_limit
+        from kaudit.dynamic.problems_cli import parse_scales
+
         chosen = tolerances.resolve(tolerance, atol, rtol)
         scale_factors = parse_scales(scales)
         memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
         timing_settings = TimingSettings(timing[0], speedup_tolerance=timing[1])
     except ValueError as exc:
         _usage_error(str(exc))
-    try:
-        from kaudit.dynamic.kernels import DynamicOptions, run_dynamic
-    except ImportError as exc:
-        _usage_error(f"--dynamic needs torch (the `dynamic` extra): {exc}")
-    options = DynamicOptions(chosen, device, str(problem) if problem else None,
-                             str(problems_root) if problems_root else None, timeout,
-                             scales=scale_factors, jobs=jobs or 1,
-                             artifacts_dir=str(artifacts) if artifacts else None,
-                             memory_limit=memory, timing=timing_settings,
-                             benchmark_checks=tolerance is None and atol is None and rtol is None)
-    installation = _jobs_guarded(sandbox)
-    progress = DelayedProgress("running kernels")
-    try:
-        run_dynamic([str(p) for p in paths], report, options, config,
-                    on_kernel=progress.finished)
-    except ValueError as exc:
-        _usage_error(str(exc))
-    finally:
-        progress.stop()
-    _refuse_if_changed(installation)
-
-
-def _dynamic_sarif(report: Report, static: str, config: Config) -> str:
-    """The static SARIF log with a second run, category kaudit/dynamic/, for dynamic findings."""
-    from kaudit.report import sarif
-
-    log = json.loads(static)
-    dynamic = json.loads(sarif.render(report, [r for r in all_rules() if r.audit == "dynamic"
-                                               and config.is_enabled(r.code)],
-                                      category="kaudit/dynamic/"))
-    log["runs"].append(dynamic["runs"][0])
-    return json.dumps(log, indent=2) + "\n"
+    builds = {} if build_cache is None else \
+        {"extensions_dir": None if build_cache.lower() == "none" else build_cache}
+    return DynamicOptions(chosen, device, str(problem) if problem else None,
+                          str(problems_root) if problems_root else None, timeout,
+                          scales=scale_factors, jobs=jobs or 1,
+                          artifacts_dir=str(artifacts) if artifacts else None,
+                          memory_limit=memory, sandbox=sandbox.value, timing=timing_settings,
+                          benchmark_checks=tolerance is None and atol is None and rtol is None,
+                          **builds)
 
 
 def _shown(report: Report, output_format: OutputFormat, shown_from: Level | None) -> Report:
@@ -283,9 +304,7 @@ def _render(report: Report, output_format: OutputFormat, config: Config,
     if output_format is OutputFormat.sarif:
         from kaudit.report import sarif
 
-        static = sarif.render(report, [r for r in all_rules()
-                                       if r.audit == "static" and config.is_enabled(r.code)])
-        return _dynamic_sarif(report, static, config) if "dynamic" in report.summary else static
+        return sarif.render_scan(report, config.is_enabled)
     if output_format is OutputFormat.markdown:
         from kaudit.report import markdown
 
@@ -326,15 +345,15 @@ def _write_all(report: Report, config: Config, folder: Path, shown_from: Level |
     names = {OutputFormat.text: "kaudit.txt", OutputFormat.json: "kaudit.json",
              OutputFormat.sarif: "kaudit-static.sarif", OutputFormat.markdown: "kaudit.md"}
     for output_format, name in names.items():
-        content = _render(report, output_format, config, folder, shown_from)
-        if output_format is OutputFormat.sarif and "dynamic" in report.summary:
-            log = json.loads(content)  # one SARIF file per category
-            for sarif_name, runs in (("kaudit-static.sarif", log["runs"][:1]),
-                                     ("kaudit-dynamic.sarif", log["runs"][1:])):
-                _write_file(folder / sarif_name, json.dumps({**log, "runs": runs}, indent=2)
-                            + "\n")
+        if output_format is OutputFormat.sarif:  # one SARIF file per category
+            from kaudit.report import sarif
+
+            shown = _shown(report, output_format, shown_from)
+            for run in sarif.scan_runs(shown, config.is_enabled):
+                audit = run["automationDetails"]["id"].split("/")[1]
+                _write_file(folder / f"kaudit-{audit}.sarif", sarif.dumps(sarif.log([run])))
         else:
-            _write_file(folder / name, content)
+            _write_file(folder / name, _render(report, output_format, config, folder, shown_from))
     stderr.print(f"{text.summary(_shown(report, OutputFormat.text, shown_from))}; reports in "
                  f"{folder}/", markup=False, soft_wrap=True)
 
@@ -477,6 +496,7 @@ def problems(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
     fail_on: Annotated[Optional[FailOn], typer.Option(help="Exit 1 when a finding is at or above this level. Default: error; never for sarif.")] = None,  # noqa: UP007,E501
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="Run every problem in an OS sandbox (Linux namespaces): auto, on or off.")] = SandboxMode.auto,  # noqa: E501
+    stream: Annotated[Optional[Path], typer.Option("--stream", help="Write one JSON line per problem into this file the moment it ends (path, verdict: its worst finding's level, status, findings, seconds).")] = None,  # noqa: UP007,E501
 ) -> None:
     """Audit benchmark problems: can their correctness check tell a real kernel from a trivial
     one? Each problem runs in a child process; needs torch (the `dynamic` extra)."""
@@ -492,7 +512,8 @@ def problems(
                            memory_limit=memory_limit,
                            output_format=output_format.value, output=output,
                            fail_on=fail_on.value if fail_on else None,
-                           before_output=lambda: _refuse_if_changed(installation))
+                           before_output=lambda: _refuse_if_changed(installation),
+                           stream=stream)
     except ProblemsUsageError as exc:
         _usage_error(str(exc))
     raise typer.Exit(code)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kaudit.api import Report
+from kaudit.report.model import Report
 from kaudit.findings import Level
 
 FAIL_ON_CHOICES = ("error", "warning", "note", "never")

@@ -1,6 +1,6 @@
 """`kaudit scan --dynamic` options reaching `DynamicOptions` (--scales, --jobs, --artifacts), their
-usage errors, and picture links in the reports. `run_dynamic` is replaced by a stand-in: no kernel
-runs here."""
+usage errors, and picture links in the reports. The dynamic pass (`pipeline.run_pass`) is replaced
+by a stand-in: no kernel runs here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 pytest.importorskip("torch", reason="kaudit scan --dynamic needs torch (kaudit[dynamic])")
 
 import kaudit.dynamic.kernels
+import kaudit.dynamic.pipeline
 from kaudit.cli import app
 from kaudit.findings import Finding, Level, Location
 
@@ -27,27 +28,28 @@ def kernel(in_tmp) -> Path:
 
 
 class Recorder:
-    """A stand-in for run_dynamic: records the options of every call and, with `metrics` set,
-    adds a KD101 finding with those metrics."""
+    """A stand-in for the dynamic pass: records the options of every call and, with `metrics`
+    set, adds a KD101 finding with those metrics to the first kernel."""
 
     def __init__(self) -> None:
         self.options: list = []
         self.metrics: dict | None = None
 
-    def __call__(self, paths, report, options, config, on_kernel=None) -> list:
+    def __call__(self, items, options, config, baseline=None, on_kernel=None):
         self.options.append(options)
+        result = kaudit.dynamic.pipeline.DynamicPass("cpu")
         if self.metrics is not None:
-            report.findings.append(Finding(
+            result.findings[items[0].key] = [Finding(
                 "KD101", "unwritten-output", Level.ERROR, Location("kernel.py", 5, 5),
                 "output 0: 31 of 32 rows never written", pass_="dynamic",
-                metrics=self.metrics))
-        return []
+                metrics=self.metrics)]
+        return result
 
 
 @pytest.fixture
 def recorder(monkeypatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr(kaudit.dynamic.kernels, "run_dynamic", recorder)
+    monkeypatch.setattr(kaudit.dynamic.pipeline, "run_pass", recorder)
     return recorder
 
 
@@ -65,13 +67,21 @@ def test_options_reach_dynamic_options(kernel, recorder):
     assert options.artifacts_dir == "pictures"
 
 
-def test_defaults(kernel, recorder):
+def test_defaults(kernel, recorder, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
     result = scan("-f", "json")
     assert result.exit_code == 0, result.output
     (options,) = recorder.options
     assert options.scales == kaudit.dynamic.kernels.DEFAULT_SCALES
     assert options.jobs == 1
     assert options.artifacts_dir is None
+    assert options.extensions_dir == str(tmp_path / "user-cache" / "kernel-builds")
+
+
+@pytest.mark.parametrize(("given", "folder"), [("none", None), ("builds", "builds")])
+def test_build_cache_option(kernel, recorder, given, folder):
+    assert scan("--build-cache", given).exit_code == 0
+    assert recorder.options[0].extensions_dir == folder
 
 
 @pytest.mark.parametrize(("scales", "message"), [

@@ -191,12 +191,15 @@ def test_a_bad_memory_limit_is_a_usage_error(value, message):
 def test_scan_dynamic_takes_the_memory_limit(monkeypatch, in_tmp):
     pytest.importorskip("torch", reason="scan --dynamic needs torch")
     import kaudit.cli
-    import kaudit.dynamic.kernels
+    import kaudit.dynamic.pipeline
 
     seen = []
-    monkeypatch.setattr(kaudit.dynamic.kernels, "run_dynamic",
-                        lambda paths, report, options, config, on_kernel=None:
-                        seen.append(options.memory_limit))
+
+    def stand_in(items, options, config, baseline=None, on_kernel=None):
+        seen.append(options.memory_limit)
+        return kaudit.dynamic.pipeline.DynamicPass("cpu")
+
+    monkeypatch.setattr(kaudit.dynamic.pipeline, "run_pass", stand_in)
     (in_tmp / "k.py").write_text("class ModelNew:\n    pass\n")
     result = CliRunner().invoke(kaudit.cli.app, ["scan", "k.py", "--dynamic", "--no-cache",
                                                  "--memory-limit", "2G"])

@@ -186,9 +186,10 @@ def test_not_a_problem_and_inconsistent_outputs(tmp_path):
     assert all(p.codes() == ["KP501"] for p in report.problems)
 
 
-def test_cli_json_shape():
+def test_cli_json_shape(tmp_path):
     proc = kaudit("fixtures/problems/bad_tiny_output.py", "fixtures/problems/good_matmul.py",
-                  "--device", "cpu", "--format", "json", "--seeds", "2", "--scales", "1,1e3")
+                  "--device", "cpu", "--format", "json", "--seeds", "2", "--scales", "1,1e3",
+                  "--stream", str(tmp_path / "lines.jsonl"))
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
     assert data["tolerance"]["preset"] == "kernelbench" and data["device"] == "cpu"
@@ -205,6 +206,12 @@ def test_cli_json_shape():
     assert all(f["line"] == 12 and f["pass"] == "problems" for f in tiny["findings"])
     assert data["summary"]["problems"] == 2 and data["summary"]["zeros_pass"] == 1
     assert data["summary"]["groups"][0]["key"] == "fixtures/problems"
+    # --stream: a line per problem, as each ended
+    lines = [json.loads(line) for line in (tmp_path / "lines.jsonl").read_text().splitlines()]
+    assert [(line["path"], line["verdict"]) for line in lines] == [
+        ("fixtures/problems/bad_tiny_output.py", "error"),
+        ("fixtures/problems/good_matmul.py", "clean")]
+    assert lines[0]["findings"] == tiny["findings"] and lines[0]["seconds"] > 0
 
 
 def test_cli_text_markdown_and_sarif(tmp_path):

@@ -37,17 +37,16 @@ import json
 import os
 import random
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic import acceptance, adapted, scratch
+from kaudit.dynamic import adapted, scratch
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.judge import (
     Adder,
@@ -60,62 +59,33 @@ from kaudit.dynamic.judge import (
     second_opinion,
 )
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
-from kaudit.dynamic.problems import resolve_device
+from kaudit.dynamic.options import (  # noqa: F401 - the names callers import from here
+    CALLS,
+    DEFAULT_SCALES,
+    INIT_SEED,
+    INPUT_SEEDS,
+    DynamicOptions,
+)
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep
-from kaudit.dynamic.timing import TimingSettings, check_claims, measure, timing_job
-from kaudit.dynamic.tolerance import Tolerance
+from kaudit.dynamic.timing import measure, timing_job
 from kaudit.findings import Finding, Location
+
+if TYPE_CHECKING:
+    from kaudit.dynamic.result_cache import DynamicCache
 
 REFERENCE_TARGET = "kernel_job:run_reference"
 CANDIDATE_TARGET = "kernel_job:run_candidate"
 PLAIN_TARGET = "plain_run.py:run"
-#: calls on the candidate's plain model, drawn per kernel in this range (plus 4 poisoned runs)
-CALLS = (24, 40)
 #: calls in the plain run (KD406)
 PLAIN_CALLS = 3
 SIBLING_PROBLEMS = ("problem.py", "ref_code.py", "reference.py")
-INIT_SEED = 42
-INPUT_SEEDS = (0, 1)
-DEFAULT_SCALES = (1e-3, 1.0, 1e3)
 #: share of a GPU's memory the jobs on it may take together (caching allocator cap)
 GPU_MEMORY_SHARE = 0.9
 _KB_FILE = re.compile(r"level_?(\d+)_problem_?(\d+)(?:_|\.py$)")
 _KB_FOLDER = re.compile(r"level_?(\d+)$")
 _KB_PROBLEM = re.compile(r"problem_?(\d+)\.py$")
-
-
-@dataclass(frozen=True)
-class DynamicOptions:
-    tolerance: Tolerance
-    #: "auto", "cpu" or "cuda"
-    device: str = "auto"
-    problem: str | None = None
-    problems_root: str | None = None
-    timeout: float = 300.0
-    init_seed: int = INIT_SEED
-    seeds: tuple[int, int] = INPUT_SEEDS
-    #: a cache of extension builds, one folder per kernel text (content-addressed); None: each
-    #: candidate job builds in its own temporary folder
-    extensions_dir: str | None = None
-    #: input scales of the scale-fragility probe (KD301); 1 is the default scale
-    scales: tuple[float, ...] = DEFAULT_SCALES
-    #: kernels audited at once (spread over the visible GPUs on CUDA)
-    jobs: int = 1
-    #: where pictures of unwritten / out-of-bounds output regions go (KD101, KD103); None: none
-    artifacts_dir: str | None = None
-    #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
-    memory_limit: int | None = None
-    #: the scan's secret: the keyed poisoning patterns and call schedules (a new one per scan)
-    key: str = field(default_factory=lambda: secrets.token_hex(16))
-    #: calls on the candidate's plain model: drawn per kernel in this range
-    calls: tuple[int, int] = CALLS
-    #: verified speedups (`--timing`, `kaudit.dynamic.timing`)
-    timing: TimingSettings = field(default_factory=TimingSettings)
-    #: another benchmark's submission is judged by its benchmark's check (`ProblemSpec.tolerance`)
-    #: unless the scan chose one
-    benchmark_checks: bool = True
 
 
 @dataclass
@@ -125,6 +95,8 @@ class KernelRun:
     status: str = "not-run"
     findings: list[Finding] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: read from the dynamic result cache, not run in this scan
+    cached: bool = False
 
 
 # -- pairing and CUDA ------------------------------------------------------------------------
@@ -213,55 +185,51 @@ def forward_location(path: str, text: str) -> Location:
 
 
 def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
-                on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None = None
-                ) -> list[KernelRun]:
+                on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None = None,
+                cache: DynamicCache | None = None) -> list[KernelRun]:
     """Run every kernel among `items`, `options.jobs` at a time (on CUDA spread over the visible
     GPUs); `on_kernel(done, total, item, run, seconds)` after each. A kernel held in a JSONL
     record runs from a temporary `kernel.py`, next to its record's `ref_code` as `problem.py`
-    when it has one. Runs come back in the order of `items`."""
+    when it has one. With `cache`, a kernel whose result it holds (same kernel, problem, options
+    and environment) is not run again, and each new result is stored the moment it ends. Runs
+    come back in the order of `items`."""
     work = []
     for item in items:
         try:
             text = item.text if item.text is not None else \
                 Path(item.file).read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        except OSError as exc:
+            text = ""
+            work.append((item, text, exc))
             continue
         if "ModelNew" in text or adapted.wrapped(item):
-            work.append((item, text))
+            work.append((item, text, None))
     builds = BuildCache(options.extensions_dir)
     try:
-        return _audit_work(work, options, device, builds, on_kernel)
+        return _audit_work(work, options, device, builds, on_kernel, cache)
     finally:
         builds.close()
 
 
-def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, device: str,
-                builds: BuildCache,
-                on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None
-                ) -> list[KernelRun]:
+def _audit_work(work: list[tuple[WorkItem, str, OSError | None]], options: DynamicOptions,
+                device: str, builds: BuildCache,
+                on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None,
+                cache: DynamicCache | None) -> list[KernelRun]:
     slots = GpuSlots(options.jobs) if device == "cuda" else None
     done = [0]
     lock = threading.Lock()
 
-    def one(entry: tuple[WorkItem, str]) -> KernelRun:
-        item, text = entry
-        submission = item.submission
+    def one(entry: tuple[WorkItem, str, OSError | None]) -> KernelRun:
+        item, text, unreadable = entry
         started = time.monotonic()
-        with contextlib.ExitStack() as stack:
-            file = item.file
-            if item.text is not None and not adapted.wrapped(item):
-                folder = scratch.folder()  # a neutral name: the job sees this path
-                stack.callback(scratch.remove, folder)
-                file = _materialise_record(item, text, str(folder))
-            gpu = stack.enter_context(slots.take()) if slots else None
-            if adapted.wrapped(item):  # another benchmark's layout: run through a wrapper
-                run = adapted.audit(item, text, options, device, gpu=gpu, builds=builds)
-            else:
-                run = audit_kernel(file, item.display, text, options, device,
-                                   submission.reference if submission else None,
-                                   submission.level if submission else None,
-                                   submission.problem if submission else None, gpu=gpu,
-                                   builds=builds)
+        key = cache.key(item.display, text, problem_text(item, options)) \
+            if cache and unreadable is None and not adapted.wrapped(item) else None
+        run = cache.get(key) if cache and key else None
+        if run is None:
+            run = incomplete(item.display, text, unreadable) if unreadable else \
+                _audit_entry(item, text, options, device, slots, builds)
+            if cache and key:
+                cache.put(key, run)
         with lock:
             done[0] += 1
             if on_kernel:
@@ -280,23 +248,87 @@ def _audit_work(work: list[tuple[WorkItem, str]], options: DynamicOptions, devic
         pool.shutdown(wait=True)
 
 
+def _audit_entry(item: WorkItem, text: str, options: DynamicOptions, device: str,
+                 slots: GpuSlots | None, builds: BuildCache) -> KernelRun:
+    """One kernel of a scan. Anything that stops its audit (a record that cannot be written out,
+    an error in kaudit) is a KD504 finding for this kernel; the scan goes on."""
+    submission = item.submission
+    try:
+        with contextlib.ExitStack() as stack:
+            file = item.file
+            wrapped = adapted.wrapped(item)  # another benchmark's layout: run through a wrapper
+            if item.text is not None and not wrapped:
+                folder = scratch.folder()  # a neutral name: the job sees this path
+                stack.callback(scratch.remove, folder)
+                file = _materialise_record(item, text, str(folder))
+            gpu = stack.enter_context(slots.take()) if slots else None
+            if wrapped:
+                return adapted.audit(item, text, options, device, gpu=gpu, builds=builds)
+            return audit_kernel(file, item.display, text, options, device,
+                                submission.reference if submission else None,
+                                submission.level if submission else None,
+                                submission.problem if submission else None, gpu=gpu,
+                                builds=builds)
+    except SandboxError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as not audited, the scan goes on
+        return incomplete(item.display, text, exc)
+
+
+def incomplete(display: str, text: str, exc: BaseException) -> KernelRun:
+    """The run of a kernel whose audit stopped on `exc`: status incomplete, a KD504 finding."""
+    run = KernelRun(display, status="incomplete")
+    _not_completed(Adder(run, forward_location(display, text)), exc)
+    return run
+
+
+def _not_completed(add: Adder, exc: BaseException) -> None:
+    add("KD504", f"not audited: the dynamic audit did not complete: "
+        f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__,
+        errno=getattr(exc, "errno", None))
+
+
+def problem_text(item: WorkItem, options: DynamicOptions) -> str | None:
+    """The text of the reference problem `item` runs against (its record's `ref_code` for a
+    JSONL record), or None: what the dynamic result cache keys a kernel's result by."""
+    if item.text is not None:
+        return _record_reference(item)
+    submission = item.submission
+    problem = pair_problem(item.file, submission.reference if submission else None, options,
+                           submission.level if submission else None,
+                           submission.problem if submission else None)
+    try:
+        return Path(problem).read_text(encoding="utf-8", errors="replace") if problem else None
+    except OSError:
+        return None
+
+
 def _materialise_record(item: WorkItem, text: str, folder: str) -> str:
     """Write a JSONL record's kernel to `folder/kernel.py` and, when the record has a `ref_code`,
     that to `folder/problem.py` (found as its sibling problem); returns the kernel's path."""
     kernel = os.path.join(folder, "kernel.py")
     Path(kernel).write_text(text, encoding="utf-8")
+    reference = _record_reference(item)
+    if reference is not None:
+        Path(folder, "problem.py").write_text(reference, encoding="utf-8")
+    return kernel
+
+
+def _record_reference(item: WorkItem) -> str | None:
+    """The `ref_code` of the JSONL record holding `item`'s kernel, when it has one."""
     reference = item.submission.reference if item.submission else None
     match = re.search(r"#L(\d+)/ref_code$", reference or "")
-    if match:
-        with open(item.file, encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, start=1):
-                if number == int(match.group(1)):
-                    with contextlib.suppress(ValueError, AttributeError):
-                        code = json.loads(line).get("ref_code")
-                        if isinstance(code, str):
-                            Path(folder, "problem.py").write_text(code, encoding="utf-8")
-                    break
-    return kernel
+    if not match:
+        return None
+    with open(item.file, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if number == int(match.group(1)):
+                with contextlib.suppress(ValueError, AttributeError):
+                    code = json.loads(line).get("ref_code")
+                    if isinstance(code, str):
+                        return code
+                break
+    return None
 
 
 class GpuSlots:
@@ -353,9 +385,7 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
         raise
     except Exception as exc:  # noqa: BLE001 - reported as not audited, the scan goes on
         run.status = "incomplete"
-        add("KD504", f"not audited: the dynamic audit did not complete: "
-            f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__,
-            errno=getattr(exc, "errno", None))
+        _not_completed(add, exc)
     return run
 
 
@@ -423,6 +453,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                  if name.startswith("inputs_") or name == "init.pt"}
         if device == "cpu" and uses_triton(text):
             env = {**env, "TRITON_INTERPRET": "1"}
+        # torch's extension builds: ninja with every core unless the caller chose
+        env = {**env, "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
         schedule = random.Random(f"{options.key}\0{run.path}")
         kernel = os.path.abspath(file)
         visible = (os.path.dirname(kernel), os.path.dirname(problem))
@@ -467,74 +499,3 @@ def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) 
                        "fp64": result.load_tensors(f"ref64_{key}.pt") if fp64 else None,
                        "fp64_error": described.get(key, {}).get("fp64_error")})
     return scaled
-
-
-def run_dynamic(paths: list[str], report: Any, options: DynamicOptions, config: Any,
-                on_kernel: Callable[[int, int, str, str, float], None] | None = None
-                ) -> list[KernelRun]:
-    """Run the dynamic pass over what `kaudit scan` scanned and merge its findings into `report`
-    (a `kaudit.api.Report`): findings appended, fingerprints assigned, verdicts judged again.
-    A file reached through several paths runs once, under the path its findings are named by.
-    `on_kernel(done, total, path, verdict, seconds)` after each kernel."""
-    from kaudit.baseline import load_baseline, mark_findings
-    from kaudit.discover import by_file, discover
-    from kaudit.findings import assign_fingerprints
-    from kaudit.adapters import adapt
-    from kaudit.results import BaselineTimings, Submission
-    from kaudit.source import split_lines
-    from kaudit.verdicts import judge, summarize
-
-    device = resolve_device(options.device)
-    found = discover(list(paths))
-    items = [scanned for scanned, _ in by_file(adapt(found, config.benchmark).items)]
-    timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
-    static: dict[str, list[Finding]] = {}
-    for finding in report.findings:
-        static.setdefault(finding.path, []).append(finding)
-
-    def finished(done: int, total: int, item: WorkItem, run: KernelRun, seconds: float) -> None:
-        check_claims([item], [run], timings, options.timing.speedup_tolerance)  # KD701
-        if on_kernel:
-            verdict = judge(item.display, item.submission or Submission("plain"),
-                            static.get(item.display, []) + run.findings, timings,
-                            config.suspicious_speedup, measured=run.metrics.get("measured"))
-            on_kernel(done, total, item.display, verdict.verdict, seconds)
-
-    runs = audit_items(items, options, device, finished)
-    lines_of: dict[str, list[str]] = {}
-    for item in items:
-        if item.text is not None:
-            lines_of[item.display] = split_lines(item.text)
-        elif os.path.isfile(item.file):
-            lines_of[item.display] = split_lines(
-                Path(item.file).read_text(encoding="utf-8", errors="replace"))
-    new = assign_fingerprints([f for r in runs for f in r.findings
-                               if config.is_enabled(f.rule)], lines_of)
-    if config.baseline:
-        new = mark_findings(new, load_baseline(config.baseline))
-    report.findings.extend(new)
-    # a file's dynamic findings next to its static ones (reports group consecutive findings)
-    first: dict[str, int] = {}
-    for index, finding in enumerate(report.findings):
-        first.setdefault(finding.path, index)
-    report.findings.sort(key=lambda f: first[f.path])
-    by_path: dict[str, list[Finding]] = {}
-    for finding in report.findings:
-        by_path.setdefault(finding.path, []).append(finding)
-    measured = {r.path: r.metrics["measured"] for r in runs if "measured" in r.metrics}
-    report.verdicts = [judge(v.path, v.submission or Submission("plain"),
-                             by_path.get(v.file or v.path, []), timings,
-                             config.suspicious_speedup, file=v.file,
-                             measured=measured.get(v.file or v.path)) for v in report.verdicts]
-    report.summary = summarize(report.verdicts)
-    report.summary["dynamic"] = {"device": device, "kernels": len(runs),
-                                 "statuses": _count(r.status for r in runs),
-                                 **acceptance.summary(runs)}
-    return runs
-
-
-def _count(values: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return counts

@@ -145,7 +145,7 @@ class ProblemsReport:
         }
 
     def as_scan_report(self):  # -> kaudit.api.Report, for the SARIF renderer and the exit gate
-        from kaudit.api import Report
+        from kaudit.report.model import Report
 
         return Report(findings=self.findings, files_scanned=len(self.problems),
                       files_skipped=self.files_skipped, errors=list(self.errors))

@@ -31,13 +31,24 @@ def parse_scales(text: str) -> tuple[float, ...]:
     return tuple(dict.fromkeys(values))
 
 
+def stream_line(problem) -> dict:
+    """A problem's line of `--stream`: its worst finding's level stands for the verdict."""
+    levels = {f.level.value for f in problem.findings}
+    worst = next((level for level in ("error", "warning", "note") if level in levels), "clean")
+    return {"path": problem.path, "verdict": worst, "status": problem.status,
+            "findings": [f.to_dict() for f in problem.findings],
+            "seconds": round(problem.wall_s, 3)}
+
+
 def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
                 rtol: float | None, device: str, seeds: int, scales: str, timeout: float,
                 jobs: int, output_format: str, output: Path | None, fail_on: str | None,
                 memory_limit: str | None = None,
-                before_output: Callable[[], None] = lambda: None) -> int:
+                before_output: Callable[[], None] = lambda: None,
+                stream: Path | None = None) -> int:
     """`before_output`: called once every problem ran, before anything is written (the CLI's
-    check that kaudit's own code did not change)."""
+    check that kaudit's own code did not change). `stream`: a file that gets one JSON line per
+    problem as it ends."""
     from kaudit.dynamic.limits import parse_memory_limit
     from kaudit.dynamic.tolerance import resolve
 
@@ -62,10 +73,21 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
                       timeout=timeout, jobs=jobs, memory_limit=memory,
                       benchmark_checks=tolerance is None and atol is None and rtol is None)
     progress = DelayedProgress("running problems")
+    lines = None
+    if stream is not None:
+        from kaudit.report.stream import JsonLines
+
+        try:
+            lines = JsonLines(stream)
+        except OSError as exc:
+            raise ProblemsUsageError(f"--stream: cannot write {stream}: {exc.strerror or exc}"
+                                     ) from exc
 
     def finished(done: int, total: int, problem) -> None:
         progress.finished(done, total, problem.path, ",".join(problem.codes()) or "no findings",
                           problem.wall_s)
+        if lines is not None:
+            lines.write(stream_line(problem))
 
     try:
         report = audit_problems([str(p) for p in paths], options, on_problem=finished)
@@ -73,6 +95,11 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
         raise ProblemsUsageError(str(exc)) from exc
     finally:
         progress.stop()
+        if lines is not None:
+            lines.close()
+            for warning in lines.warnings:
+                make_console(stderr=True).print(f"kaudit: warning: {warning}", markup=False,
+                                                soft_wrap=True)
     before_output()
 
     if output_format == "text" and output is None:

@@ -6,22 +6,26 @@ not dumpable (`sandbox.protect_parent`), and records the SHA-256 of every file o
 installation (the package, its rules, the `kaudit` command). `changed()` lists the files that
 differ since: the CLI then refuses to report (exit 2), because a job that edited kaudit (possible
 without the OS sandbox) could have made this report, and every later one, say anything.
+`jobs_guarded` wraps a pass's jobs in both, raising `InstallationChanged` (the API's form of that
+refusal) after the last job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
 import pkgutil
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import kaudit
 from kaudit import rules
-from kaudit.dynamic import sandbox
+from kaudit.dynamic import sandbox, scratch
 
 
 def installation_files() -> list[Path]:
@@ -69,3 +73,34 @@ class Installation:
         now = {path: _digest(path) for path in installation_files()}
         return sorted(str(p) for p in set(now) | set(self.digests)
                       if now.get(p) != self.digests.get(p))
+
+
+class InstallationChanged(RuntimeError):
+    """kaudit's own installed files changed while jobs ran: a job may have edited them, so
+    nothing this process says any more can be trusted."""
+
+    def __init__(self, changed: list[str]) -> None:
+        shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+        super().__init__(f"refusing to report: kaudit's own installed code changed during the "
+                         f"dynamic pass ({shown}); a job may have edited it. Reinstall kaudit "
+                         "and scan again with --sandbox on")
+        self.changed = changed
+
+
+def prepare_jobs(mode: str) -> Installation:
+    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built raises
+    SandboxError), stale temporary folders of killed runs removed, kaudit's code imported and
+    fingerprinted (for `InstallationChanged`)."""
+    sandbox.set_mode(mode)
+    sandbox.active()
+    scratch.remove_stale()
+    return Installation.before_jobs()
+
+
+@contextlib.contextmanager
+def jobs_guarded(mode: str) -> Iterator[None]:
+    installation = prepare_jobs(mode)
+    yield
+    changed = installation.changed()
+    if changed:
+        raise InstallationChanged(changed)

@@ -30,11 +30,11 @@ import math
 import random
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kaudit.dynamic.judge import Adder, size_limit
+from kaudit.dynamic.options import DEFAULT_SPEEDUP_TOLERANCE, TimingSettings
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.findings import Level
 
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from kaudit.results import BaselineTimings
 
 TIMING_TARGET = "timing_job.py:run"
-MODES = ("auto", "on", "off", "kernelbench")
-DEFAULT_SPEEDUP_TOLERANCE = 1.5
 #: KD701 is an error when the claim is over ERROR_CLAIM and the measured speedup under NO_SPEEDUP
 ERROR_CLAIM, NO_SPEEDUP = 2.0, 1.1
 #: events "missed work" when the median wall time exceeds the median event time by both of these
@@ -53,28 +51,6 @@ EVENT_SLACK, EVENT_SLACK_MS = 1.5, 0.05
 #: KernelBench's numbers (src/kernelbench/timing.py, eval.py): 3 warm-up calls, 100 trials in
 #: eval_from_generations, the first trial discarded
 KERNELBENCH_WARMUP, KERNELBENCH_TRIALS, KERNELBENCH_DISCARD = 3, 100, 1
-
-
-@dataclass(frozen=True)
-class TimingSettings:
-    """How kernels are timed. `mode`: one of MODES."""
-
-    mode: str = "auto"
-    warmup: int = 5
-    min_trials: int = 30
-    max_trials: int = 300
-    #: seconds of timed calls per model that choose the trial count between the two bounds
-    budget_s: float = 3.0
-    speedup_tolerance: float = DEFAULT_SPEEDUP_TOLERANCE
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"--timing must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if not self.speedup_tolerance >= 1:
-            raise ValueError("--speedup-tolerance must be 1 or more")
-
-    def enabled(self, device: str) -> bool:
-        return self.mode in ("on", "kernelbench") or (self.mode == "auto" and device == "cuda")
 
 
 def timing_job(settings: TimingSettings, common: dict, kernel: str, build: str, key: str,

@@ -19,7 +19,7 @@ from kaudit.rule import rule_by_code
 from kaudit.source import LineIndex, read_source
 
 if TYPE_CHECKING:
-    from kaudit.api import Report
+    from kaudit.report.model import Report
 
 
 def fixed_by_default(finding: Finding) -> bool:

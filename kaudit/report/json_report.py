@@ -1,7 +1,7 @@
 import json
 from typing import Any
 
-from kaudit.api import Report
+from kaudit.report.model import Report
 from kaudit.fix.report import attach_fixes
 
 

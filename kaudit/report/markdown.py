@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kaudit import __version__
-from kaudit.api import Report
+from kaudit.report.model import Report
 from kaudit.discover import natural_key
 from kaudit.findings import Finding
 from kaudit.verdicts import TRUSTED, VERDICTS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -12,10 +13,10 @@ import sarif_om as sarif
 from jschema_to_python.to_json import to_json
 
 from kaudit import __version__
-from kaudit.api import Report
+from kaudit.report.model import Report
 from kaudit.findings import Finding
 from kaudit.fix.report import attach_fixes
-from kaudit.rule import Rule
+from kaudit.rule import Rule, all_rules
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://github.com/kaudit/kaudit"
@@ -33,10 +34,38 @@ def source_root(start: Path | None = None) -> Path:
 
 def render(report: Report, rules: list[type[Rule]], category: str = "kaudit/static/",
            root: Path | None = None) -> str:
+    """A SARIF log of one run: `report`'s findings of `rules`."""
+    return dumps(log([run(report, rules, category, root)]))
+
+
+def render_scan(report: Report, enabled: Callable[[str], bool], root: Path | None = None) -> str:
+    """The SARIF log of a scan: a run of the static pass and, when the dynamic pass ran, one of
+    its own (category kaudit/dynamic/), each with its enabled rules."""
+    return dumps(log(scan_runs(report, enabled, root)))
+
+
+def scan_runs(report: Report, enabled: Callable[[str], bool], root: Path | None = None
+              ) -> list[dict]:
+    audits = ("static", "dynamic") if report.dynamic else ("static",)
+    return [run(report, [r for r in all_rules() if r.audit == audit and enabled(r.code)],
+                f"kaudit/{audit}/", root) for audit in audits]
+
+
+def log(runs: list[dict]) -> dict:
+    return {"runs": runs, "version": "2.1.0", "$schema": SCHEMA_URI}
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def run(report: Report, rules: list[type[Rule]], category: str = "kaudit/static/",
+        root: Path | None = None) -> dict:
+    """One SARIF run, as JSON data: `report`'s findings of `rules`."""
     root = root or source_root()
     index = {rule.code: i for i, rule in enumerate(rules)}
     attach_fixes(report)
-    run = sarif.Run(
+    sarif_run = sarif.Run(
         tool=sarif.Tool(driver=sarif.ToolComponent(
             name="kaudit", version=__version__, semantic_version=__version__,
             information_uri=INFORMATION_URI, rules=[_descriptor(rule) for rule in rules])),
@@ -46,14 +75,13 @@ def render(report: Report, rules: list[type[Rule]], category: str = "kaudit/stat
         invocations=[_invocation(report)],
         results=[_result(f, index, root) for f in report.findings if f.rule in index],
     )
-    log = sarif.SarifLog(version="2.1.0", schema_uri=SCHEMA_URI, runs=[run])
-    data = json.loads(to_json(log))
-    _restore_levels(data["runs"][0], rules, [f for f in report.findings if f.rule in index])
+    data = json.loads(to_json(sarif_run))
+    _restore_levels(data, rules, [f for f in report.findings if f.rule in index])
     measured = [{"path": v.path, "claimed_speedup": v.speedup, **v.measured}
                 for v in report.verdicts if v.measured]
     if measured and any(rule.audit == "dynamic" for rule in rules):  # the dynamic run's
-        data["runs"][0].setdefault("properties", {})["measured"] = measured
-    return json.dumps(data, indent=2) + "\n"
+        data.setdefault("properties", {})["measured"] = measured
+    return data
 
 
 def _restore_levels(run: dict, rules: list[type[Rule]], findings: list[Finding]) -> None:

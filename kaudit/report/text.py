@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from kaudit.api import Report
+from kaudit.report.model import Report
 from kaudit.discover import natural_key
 from kaudit.findings import Finding
 from kaudit.source import split_lines
