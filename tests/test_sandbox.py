@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -409,3 +410,18 @@ def test_a_job_is_capped_by_its_memory_cgroup(jobs, monkeypatch):
         assert result.status in ("crashed", "oom") and "SIGKILL" in result.describe(), \
             result.describe()
     assert made and not any(c.folder.exists() for c in made)
+
+
+def test_a_python_installation_under_tmp_is_shown_again(tmp_path, monkeypatch):
+    """A virtualenv under /tmp (a clone there) would vanish under the job's private /tmp, and
+    torch's lazy imports with it: its folders are bound back read-only, kaudit stays hidden."""
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "exec_prefix", str(venv))
+    monkeypatch.setattr(sandbox.site, "getsitepackages", lambda: [str(venv / "lib")])
+    plan = sandbox.plan_for(tmp_path / "job", [], [str(tmp_path / "job")])
+    temporary = os.path.realpath(tempfile.gettempdir())
+    assert os.path.realpath(venv) in plan["read"] and os.path.realpath(venv / "lib") in plan["read"]
+    assert all(p.startswith(("/tmp", "/dev/shm", temporary)) for p in plan["read"]), plan["read"]
+    assert sandbox.hidden_paths() == plan["hide"]

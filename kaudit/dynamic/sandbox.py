@@ -27,6 +27,7 @@ import contextlib
 import os
 import secrets
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -145,10 +146,23 @@ def plan_for(root: Path, visible: Iterable[str], writable: Iterable[str]) -> dic
     read-only, kaudit hidden, private temporary folders."""
     temporary = os.path.realpath(tempfile.gettempdir())
     tmp_roots = [] if temporary == "/tmp" or temporary.startswith("/tmp/") else [temporary]
-    read = sorted({os.path.realpath(p) for p in visible if os.path.isdir(p)})
+    read = sorted({os.path.realpath(p) for p in [*visible, *_installation_in(temporary)]
+                   if os.path.isdir(p)})
     write = sorted({os.path.realpath(p) for p in writable})
     return {"write": write, "read": [p for p in read if p not in write],
             "hide": hidden_paths(), "tmp_roots": tmp_roots, "tmpfs_bytes": TMPFS_BYTES}
+
+
+def _installation_in(temporary: str) -> list[str]:
+    """The Python installation's folders (a virtualenv, its site-packages) that lie under a
+    folder the job gets a private, empty tmpfs for (/tmp, /dev/shm, the temporary folder):
+    shown again read-only, or the job's imports of torch fail there. kaudit's own package
+    inside them stays hidden (`hidden_paths`)."""
+    roots = [os.path.realpath(r) for r in ("/tmp", "/dev/shm", temporary)]
+    folders = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+               *site.getsitepackages()}
+    return sorted(p for p in map(os.path.realpath, folders)
+                  if any(p == root or p.startswith(root + os.sep) for root in roots))
 
 
 def protect_parent() -> None:

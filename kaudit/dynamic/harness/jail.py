@@ -165,14 +165,15 @@ def _build_view(plan: dict, sources: dict[str, int]) -> None:
     for root in ["/tmp", "/dev/shm", *plan.get("tmp_roots", [])]:
         if os.path.isdir(root):
             _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
-    # 3. what the job must not read: the parent's installation, its key
-    for path in plan.get("hide", []):
-        if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k")
-    # 4. the job's own folders back, at their own paths
+    # 3. the job's own folders back, at their own paths (and a Python installation under /tmp)
     for path, fd in sources.items():
         os.makedirs(path, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    # 4. what the job must not read: the parent's installation, its key (after the binds, which
+    #    could otherwise show them again)
+    for path in plan.get("hide", []):
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k")
     # 5. everything read-only, then the job's writable places writable again
     writable = ["/tmp", "/dev/shm", *plan.get("tmp_roots", []), *plan.get("write", [])]
     _read_only_everywhere()
