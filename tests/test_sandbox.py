@@ -159,7 +159,8 @@ def test_a_sandboxed_job_sees_only_its_own_folders(jobs, mode):
                    folder=str(jobs.parent), port=listener.getsockname()[1], parent=os.getpid())
     assert seen["pid"] == 2 and seen["ppid"] == 1, "PID 2 of its own PID namespace"
     assert len(seen["processes"]) <= 3, seen["processes"]
-    assert seen["kaudit"] == "ok: []" and seen["key"] == "ok: []", "kaudit is hidden"
+    hidden = ("ok: []", "FileNotFoundError")  # covered by an empty tmpfs, or (under /tmp) absent
+    assert seen["kaudit"].startswith(hidden) and seen["key"].startswith(hidden), "kaudit is hidden"
     assert seen["write_folder"].startswith("OSError") and "Read-only" in seen["write_folder"]
     assert not (jobs.parent / "outside.txt").exists()
     assert seen["write_tmp"].startswith("ok") and seen["write_work"].startswith("ok")
