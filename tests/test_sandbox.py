@@ -164,7 +164,9 @@ def test_a_sandboxed_job_sees_only_its_own_folders(jobs, mode):
     assert seen["write_folder"].startswith("OSError") and "Read-only" in seen["write_folder"]
     assert not (jobs.parent / "outside.txt").exists()
     assert seen["write_tmp"].startswith("ok") and seen["write_work"].startswith("ok")
-    assert "jobfiles" not in " ".join(seen["tmp"]) and len(seen["tmp"]) <= 2, \
+    # (the Python installation, when it lies under /tmp, is shown again read-only)
+    shown = [n for n in seen["tmp"] if not os.path.realpath(sys.prefix).startswith(f"/tmp/{n}/")]
+    assert "jobfiles" not in " ".join(shown) and len(shown) <= 2, \
         "other jobs and kaudit's folders are not in its /tmp"
     assert not seen["connect"].startswith("ok") and seen["interfaces"] == ["lo"]
     assert int(seen["capabilities"], 16) == 0 and seen["no_new_privs"] == "1"
