@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""`kaudit problems` against the naive check of the same problems, in one run.
+
+The naive check is what a benchmark maintainer would write in an afternoon: one process, each
+problem's reference on one seed's inputs, then zeros, a constant (the output's mean) and another
+seed's output compared with `torch.allclose` at the benchmark's tolerance. It finds the same
+blatant problems and none of the subtle ones; the figure to keep small is kaudit's time over it.
+Nothing is asserted: the figures go into the README.
+
+    python bench/problems_speed.py FOLDER [--device cpu|cuda] [--jobs N] [--limit N] [--limit-s S]
+                                  [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dynamic_corpus import run_bounded  # noqa: E402 - one way to run a bounded kaudit
+
+
+def naive_check(files: list[Path], device: str) -> dict:
+    import torch
+
+    started = time.perf_counter()
+    accepted = failed = 0
+    for index, path in enumerate(files):
+        try:
+            spec = importlib.util.spec_from_file_location(f"problem_{index}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            outputs = []
+            for seed in (0, 1):
+                torch.manual_seed(seed)
+                model = module.Model(*module.get_init_inputs()).to(device)
+                inputs = [x.to(device) if isinstance(x, torch.Tensor) else x
+                          for x in module.get_inputs()]
+                with torch.no_grad():
+                    result = model(*inputs)
+                outputs.append(result if isinstance(result, torch.Tensor) else result[0])
+            reference = outputs[0].float()
+            for trivial in (torch.zeros_like(reference), torch.full_like(reference, reference.mean()),
+                            outputs[1].float()):
+                accepted += bool(trivial.shape == reference.shape
+                                 and torch.allclose(trivial, reference, atol=1e-4, rtol=1e-4))
+            del module, model, inputs, outputs
+        except Exception:  # noqa: BLE001 - a problem that fails counts, the run goes on
+            failed += 1
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - started, "trivial_accepted": accepted,
+            "failed": failed}
+
+
+def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | None) -> dict:
+    with tempfile.TemporaryDirectory() as work:
+        stream = Path(work) / "stream.jsonl"
+        command = [sys.executable, "-m", "kaudit", "problems", *map(str, files),
+                   "--device", device, "-j", str(jobs), "-f", "json", "-o", str(Path(work) / "r.json"),
+                   "--fail-on", "never", "--stream", str(stream)]
+        started = time.perf_counter()
+        rc, stderr = run_bounded(command, limit_s, Path(work) / "stderr.txt")
+        seconds = time.perf_counter() - started
+        lines = [json.loads(line) for line in stream.read_text().splitlines() if line.strip()] \
+            if stream.exists() else []
+    statuses: dict[str, int] = {}
+    for line in lines:
+        statuses[str(line.get("status"))] = statuses.get(str(line.get("status")), 0) + 1
+    slowest = sorted(lines, key=lambda line: -float(line.get("seconds") or 0))[:5]
+    return {"seconds": seconds, "rc": rc, "problems": len(lines),
+            "statuses": statuses, "stderr_tail": stderr[-800:],
+            "slowest": [(Path(line["path"]).name, round(float(line["seconds"]), 2)) for line in slowest]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    parser.add_argument("--limit-s", type=float, help="kill kaudit after this many seconds")
+    parser.add_argument("--json", type=Path, metavar="PATH")
+    args = parser.parse_args()
+    files = sorted(args.folder.glob("*.py"), key=lambda p: (len(p.name.split("_")[0]), p.name))
+    files = files[:args.limit] if args.limit else files
+    naive = naive_check(files, args.device)
+    print(f"naive check: {naive['seconds']:.1f} s", flush=True)
+    audit = kaudit_problems(args.device, args.jobs, files, args.limit_s)
+    figures = {"problems": len(files), "device": args.device, "jobs": args.jobs,
+               "naive": naive, "kaudit": audit, "ratio": audit["seconds"] / naive["seconds"]}
+    print(f"{len(files)} problems on {args.device}: naive check {naive['seconds']:.1f} s, "
+          f"kaudit problems -j {args.jobs} {audit['seconds']:.1f} s "
+          f"({figures['ratio']:.1f}x), {audit['problems']} streamed, {audit['statuses']}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
