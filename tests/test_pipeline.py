@@ -139,6 +139,10 @@ def test_a_killed_scan_resumes_with_what_is_missing(in_tmp):
     assert all(line["status"] == "ok" for line in resumed.values())
     report = json.loads((in_tmp / "report.json").read_text())
     assert report["summary"]["dynamic"]["cached"] == len(finished)
+    # each line is its verdict's whole record, claims and measurements too
+    verdicts = {verdict["path"]: verdict for verdict in report["verdicts"]}
+    assert all(line[key] == verdicts[path][key] for path, line in resumed.items()
+               for key in ("claimed", "layout", "verdict", "reasons"))
 
 
 def test_a_cache_entry_changed_by_anything_else_is_run_again(in_tmp, monkeypatch):

@@ -85,8 +85,9 @@ class KernelOutcome:
     total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.verdict.path, "file": self.verdict.file or self.verdict.path,
-                "verdict": self.verdict.verdict, "reasons": self.verdict.reasons,
+        # the verdict's whole record (its claim and measurement too), so a killed scan's stream
+        # still holds the claimed-versus-verified table
+        return {**self.verdict.to_dict(),
                 "findings": [f.to_dict() for f in self.findings],
                 "seconds": round(self.seconds, 3) if self.seconds is not None else None,
                 "status": self.status, "cached": self.cached}
