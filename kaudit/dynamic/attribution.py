@@ -170,11 +170,15 @@ class Session:
             if phase == "forward":
                 session.calls[call] = (float(span["start"]), float(span["end"]))
                 session.forward[call], session.other_threads[call] = [], []
+        # a profiler that numbers the threads of runtime calls unlike those of ranges: every
+        # launch counts as the job's thread's (fewer findings, never more)
+        same_numbering = {span.get("tid") for span in ranges.values()} & \
+            {call.get("tid") for call in runtime.values()}
         for event in record.get("gpu", []):
             call_site = runtime.get(event.get("corr"))
             if call_site is None:
                 continue
-            at, thread = float(call_site["start"]), call_site.get("tid")
+            at = float(call_site["start"])
             by_library = str(call_site.get("op") or "").startswith(_LIBRARY_OPS)
             launch = Launch(str(event.get("kind", "kernel")), str(event.get("name", "")),
                             event.get("stream"), float(event.get("start", 0.0)),
@@ -184,6 +188,7 @@ class Session:
             for (phase, call), span in ranges.items():
                 if not float(span["start"]) <= at <= float(span["end"]):
                     continue
+                thread = call_site.get("tid") if same_numbering else span.get("tid")
                 if phase == "forward":
                     own_thread = thread == span.get("tid")
                     (session.forward if own_thread else session.other_threads)[call].append(
