@@ -381,7 +381,7 @@ def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
 #: the fixtures of the profiled run, with the side-stream ones whose race the probe may miss
 GPU_FIXTURES = ("bad_library_share_cuda", "bad_library_share_triton", "good_library_share_cuda",
                 "good_library_share_triton", "bad_no_gpu_work_cuda", "bad_no_gpu_work_triton",
-                "good_host_scale_cuda", "bad_side_stream_fast_triton",
+                "good_no_gpu_work_cuda", "good_no_gpu_work_triton", "bad_side_stream_fast_triton",
                 "good_side_stream_joined_triton")
 
 
