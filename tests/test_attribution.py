@@ -392,10 +392,13 @@ def test_profiler_fixtures_on_gpu(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("KAUDIT_TEST_DEVICE=cuda, but torch sees no CUDA device")
     from kaudit.dynamic.kernels import DynamicOptions, GpuSlots, audit_kernel
+    from kaudit.dynamic.options import TimingSettings
     from kaudit.dynamic.tolerance import resolve
 
+    # no timing job: the profiled run does not depend on it, and GPU time is short
     options = DynamicOptions(resolve(None, None, None), device="cuda", calls=(8, 12),
-                             timeout=480, extensions_dir=str(tmp_path / "extensions"))
+                             timeout=480, extensions_dir=str(tmp_path / "extensions"),
+                             timing=TimingSettings("off"))
     slots = GpuSlots(4)
 
     def one(name: str):

@@ -496,7 +496,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                     common, kernel, build, env=env, files={
                         k: v for k, v in given.items() if k in ("in/inputs_a.pt", "in/init.pt")},
                     visible=visible, writable=(build,), **limits),
-                    OwnKernels.of_source(run.path, text), options.policy)
+                    OwnKernels.of_source(file, text), options.policy)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:
