@@ -294,13 +294,25 @@ def test_an_event_recorded_before_the_launch_does_not_join_it():
     assert codes(profile(trace)) == {("KD403", Level.ERROR)}
 
 
-def test_a_wait_through_another_stream_joins_it():
+def test_a_wait_by_a_stream_that_ran_nothing_counts_as_the_current_streams():
     def join(trace):
+        record = trace.ordering("cudaEventRecord")
+        trace.ordering("cudaStreamWaitEvent", stream=55, wait_on=SIDE, record=record)
+    assert codes(profile(side_stream_call(Trace(legacy=False), join))) == set()
+
+
+def test_a_wait_through_another_stream_joins_it():
+    def join(trace, to_current=True):
         first = trace.ordering("cudaEventRecord")
         trace.ordering("cudaStreamWaitEvent", stream=OTHER, wait_on=SIDE, record=first)
-        second = trace.ordering("cudaEventRecord")
-        trace.ordering("cudaStreamWaitEvent", stream=CURRENT, wait_on=OTHER, record=second)
+        trace.launch("row_mean_kernel(float*)", stream=OTHER, dur=1.0)
+        if to_current:
+            second = trace.ordering("cudaEventRecord")
+            trace.ordering("cudaStreamWaitEvent", stream=CURRENT, wait_on=OTHER, record=second)
     assert codes(profile(side_stream_call(Trace(legacy=False), join))) == set()
+    # the other stream carries it, but the caller's stream never waits for that one
+    halfway = side_stream_call(Trace(legacy=False), lambda t: join(t, to_current=False))
+    assert codes(profile(halfway)) == {("KD403", Level.ERROR)}
 
 
 def test_a_device_synchronise_joins_it_and_a_synchronise_of_another_stream_does_not():

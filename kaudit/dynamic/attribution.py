@@ -19,7 +19,8 @@ decision here is tested on the CPU with synthetic records.
   stream does not wait for before forward returns: no event recorded on its stream after its
   launch and awaited by the current stream (also through other streams), no synchronise of its
   stream, of such an event or of the device. Without the profiler's synchronisation records every
-  wait and synchronise after the launch counts as a join: an error must be sure.
+  wait and synchronise after the launch counts as a join, and so does a wait by a stream that ran
+  nothing (the current stream under another number, perhaps): an error must be sure.
 """
 
 from __future__ import annotations
@@ -285,6 +286,7 @@ def unjoined_streams(candidate: Session) -> list[dict[str, Any]]:
     sync = {s["corr"]: s for s in record.get("sync", []) if s.get("corr") is not None}
     records = {r["corr"]: r for r in runtime if r.get("name") in _RECORDS}
     precise = candidate.sync_events and bool(sync)
+    active = {event.get("stream") for event in record.get("gpu", [])}
     found = []
     for call, (_, returned) in sorted(candidate.calls.items()):
         current = candidate.current_stream(call)
@@ -296,7 +298,7 @@ def unjoined_streams(candidate: Session) -> list[dict[str, Any]]:
         for launch in candidate.forward[call] + candidate.other_threads[call]:
             if launch.kind != "kernel" or launch.stream is None or launch.stream == current:
                 continue
-            if _joined(launch, current, ordering, sync, records, precise):
+            if _joined(launch, current, ordering, sync, records, precise, active):
                 continue
             found.append({"name": kernel_identifier(launch.name), "stream": launch.stream,
                           "current_stream": current, "call": call,
@@ -305,8 +307,10 @@ def unjoined_streams(candidate: Session) -> list[dict[str, Any]]:
 
 
 def _joined(launch: Launch, current: int, ordering: list[dict], sync: dict, records: dict,
-            precise: bool) -> bool:
-    """Whether the current stream, or the host, waits for `launch` before forward returns."""
+            precise: bool, active: set) -> bool:
+    """Whether the current stream, or the host, waits for `launch` before forward returns. A
+    stream that waits and ran no GPU work in the session may be the current one under another
+    number: it counts as the current stream."""
     # streams that carry the kernel's completion, from when: its own from its launch on
     carriers = {launch.stream: launch.launched}
     for call in ordering:
@@ -330,7 +334,7 @@ def _joined(launch: Launch, current: int, ordering: list[dict], sync: dict, reco
             return True
         if name in _STREAM_WAITS and captured:
             waiting = facts.get("stream", -1)
-            if waiting in (-1, current):
+            if waiting in (-1, current) or waiting not in active:
                 return True
             carriers.setdefault(waiting, at)
     return False
