@@ -362,6 +362,44 @@ def test_the_jobs_extraction_runs_under_the_cpu_profiler(tmp_path):
     assert record["gpu"] == [] and record["runtime"] == [] and not record["truncated"]
 
 
+def test_the_jobs_extraction_reads_kinetos_cuda_events():
+    """Kineto's chrome-trace shape of CUDA activity: kernels with their stream and correlation,
+    runtime and driver calls, synchronisation records."""
+    from kaudit.dynamic.harness.profile_job import extract
+
+    def event(cat, name, tid, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur,
+                "args": args}
+
+    trace = {"traceEvents": [
+        event("user_annotation", "kaudit:forward:0", 11, 100, 50),
+        event("user_annotation", "someone_elses:range", 11, 100, 50),
+        event("cpu_op", "aten::mm", 11, 105, 10),
+        event("cuda_runtime", "cudaLaunchKernel", 11, 107, 2, correlation=5, cbid=211),
+        event("cuda_driver", "cuLaunchKernel", 11, 120, 2, correlation=6),
+        event("cuda_runtime", "cudaStreamWaitEvent", 11, 130, 1, correlation=7),
+        event("cuda_runtime", "cudaMalloc", 11, 131, 1, correlation=8),
+        event("kernel", "ampere_sgemm_128x64_nn", 7, 110, 30, stream=7, correlation=5),
+        event("kernel", "add_kernel", 13, 125, 3, stream=13, correlation=6),
+        event("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 7, 140, 1, stream=7,
+              correlation=9),
+        event("cuda_sync", "Stream Wait Event", 7, 131, 0, stream=7, correlation=7,
+              wait_on_stream=13, wait_on_cuda_event_record_corr_id=4),
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 5, "ts": 110},
+    ]}
+    record = extract(trace)
+    assert record["ranges"] == [{"phase": "forward", "call": 0, "start": 100.0, "end": 150.0,
+                                 "tid": 11}]
+    calls = {r["corr"]: r for r in record["runtime"]}
+    assert set(calls) == {5, 6, 7}  # what launched GPU work or orders streams; not cudaMalloc
+    assert calls[5]["op"] == "aten::mm" and calls[6]["op"] is None
+    assert [(g["kind"], g["stream"], g["corr"]) for g in record["gpu"]] == \
+        [("kernel", 7, 5), ("kernel", 13, 6), ("memcpy", 7, 9)]
+    (wait,) = record["sync"]
+    assert (wait["kind"], wait["stream"], wait["wait_on_stream"], wait["record_corr"]) == \
+        ("Stream Wait Event", 7, 13, 4)
+
+
 def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
     from kaudit.dynamic.profiling import PROFILE_CALLS, attribute, profile_job
     from kaudit.dynamic.runner import Job
