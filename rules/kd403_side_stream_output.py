@@ -12,11 +12,21 @@ class SideStreamOutput(DynamicRule):
     side stream without `current_stream().wait_stream(...)` or an event. The message gives the
     number of differing elements and in how many runs the race showed.
 
+    That probe observes a race. For a kernel that passed it, the profiled plain run (see KD601)
+    decides from the trace: a kernel forward launched on a stream other than the caller's current
+    stream, with no event wait on the current stream recorded after its launch, and no stream,
+    event or device synchronise after it, before forward returned. An error when the caller's
+    stream is not the legacy default stream, or when the GPU ran the caller's next work before
+    that kernel had finished; a warning otherwise (a stream created blocking is ordered with the
+    legacy default stream, and the trace does not say how a stream was created). The kernels,
+    their streams and the caller's stream are in `metrics`.
+
     ## Why is this bad?
     Benchmark timers record events on the current stream. Work on a side stream is not timed, so
     the speedup is fictitious; a caller that reads the output on the current stream (as every
     PyTorch program does) can read it half-written. The probe observes a race, so a side-stream
-    kernel faster than the copy can escape it; the static rule KA301 looks for the code pattern.
+    kernel faster than the copy can escape it; the profiler's trace does not depend on timing, and
+    the static rule KA301 looks for the code pattern.
 
     ## Example
     ```python

@@ -41,8 +41,9 @@ from kaudit.dynamic.tolerance import resolve
 DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
 CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
 #: findings only a GPU run can give: a race with a side stream (KD403) needs CUDA streams; on the
-#: CPU the same fixture's kernel runs synchronously and honestly, so none is expected there
-GPU_ONLY_FINDINGS = {"KD403"}
+#: CPU the same fixture's kernel runs synchronously and honestly, so none is expected there; the
+#: profiled run (KD601, KD602, KD403 from the trace) needs CUDA activity
+GPU_ONLY_FINDINGS = {"KD403", "KD601", "KD602"}
 #: and only a run without CUDA: a kernel that needs CUDA is a KD500 note there, whatever it does
 CPU_ONLY_FINDINGS = {"KD500"}
 #: calls on the candidate's model per fixture

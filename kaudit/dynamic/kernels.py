@@ -22,7 +22,9 @@ For every kernel file the static scan read, this module (in the kaudit process):
    perturbed (`kaudit.dynamic.shapes`, KD302);
 6. with `--timing`, times a kernel without errors beside its reference in a fourth job
    (`kaudit.dynamic.timing`): the verdict's `measured`, and KD701 where a claimed speedup is not
-   reproduced.
+   reproduced;
+7. on CUDA, profiles a few calls of a kernel without errors and of its reference in a last job
+   (`kaudit.dynamic.profiling`): KD601 (library share), KD602 (no GPU work), KD403 from the trace.
 
 Kernels run `DynamicOptions.jobs` at a time, on CUDA spread over the visible GPUs (`GpuSlots`).
 
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from kaudit.discover import WorkItem, display_path
 from kaudit.dynamic import adapted, scratch
+from kaudit.dynamic.attribution import OwnKernels
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.judge import (
     Adder,
@@ -66,6 +69,7 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     INPUT_SEEDS,
     DynamicOptions,
 )
+from kaudit.dynamic.profiling import attribute, profile_job
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep
@@ -487,6 +491,12 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                     options.timing, common, kernel, build, options.key, run.path, env=env,
                     files=timed, visible=visible, writable=(build,), **limits),
                     refs, options.tolerance, device)
+            if device == "cuda" and not rejected(run):
+                attribute(add, run.metrics, profile_job(
+                    common, kernel, build, env=env, files={
+                        k: v for k, v in given.items() if k in ("in/inputs_a.pt", "in/init.pt")},
+                    visible=visible, writable=(build,), **limits),
+                    OwnKernels.of_source(file, text), options.policy)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

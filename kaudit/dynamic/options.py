@@ -76,6 +76,8 @@ class DynamicOptions:
     #: another benchmark's submission is judged by its benchmark's check (`ProblemSpec.tolerance`)
     #: unless the scan chose one
     benchmark_checks: bool = True
+    #: the scan's policy (`kaudit.config.POLICIES`): KD601's level under the profiler
+    policy: str = "kernelbench"
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerance, Tolerance):
@@ -93,7 +95,7 @@ class DynamicOptions:
         assert isinstance(tolerance, Tolerance)
         return repr((tolerance, self.init_seed, tuple(self.seeds), tuple(self.scales),
                      self.timeout, self.memory_limit, tuple(self.calls), self.artifacts_dir,
-                     self.timing, self.benchmark_checks))
+                     self.timing, self.benchmark_checks, self.policy))
 
 
 def _default_build_cache() -> str:

@@ -8,6 +8,7 @@ folders removed, kaudit's own code fingerprinted before the first job and checke
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     result = DynamicPass(device)
+    if options.policy != config.policy:  # KD601's level follows the scan's policy
+        options = dataclasses.replace(options, policy=config.policy)
     cache = _open_cache(config, options, device, result.warnings)
     timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
 
