@@ -15,9 +15,12 @@ class LibraryShare(DynamicRule):
     copies and fills). The message gives the library share of forward's GPU time and the top
     kernels; `metrics` holds the table (name, class, microseconds, launches, share).
 
-    An error when the file claims a custom kernel (it builds an extension or defines a CUDA or
-    Triton kernel) and its own kernels take under 10 % of forward's GPU time: the real work is a
-    fallback, however it was spelled. Otherwise, when libraries take 5 % or more: a warning under
+    When the file claims a custom kernel (it builds an extension or defines a CUDA or Triton
+    kernel) and its own kernels take under 10 % of forward's GPU time, the real work is a
+    fallback, however it was spelled: an error under `--policy strict`, a warning under
+    `--policy kernelbench` (which allows library calls beside a custom kernel: a cuBLAS GEMM with
+    a fused epilogue is an honest level-2 answer, and the share alone cannot tell it from a token
+    kernel). Otherwise, when libraries take 5 % or more: a warning under
     `--policy strict` (no library compute allowed); under `--policy kernelbench`, for a file that
     claims a custom kernel, a note naming the share (a partial replacement KernelBench allows).
     Kernels launched during forward by other threads count for KD602, not here.
