@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, expected_findings
+from tests.helpers import run_kaudit
 
 torch = pytest.importorskip("torch", reason="kaudit scan --dynamic needs torch; CI installs it")
 
@@ -121,21 +120,14 @@ def test_a_measurement_confirms_a_large_claim_and_feeds_the_verified_figures():
     assert summarize([unconfirmed])["total"]["fast_1_verified"] is None
 
 
-def _kaudit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.run([sys.executable, "-m", "kaudit", *args], check=False,
-                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-
-
 def test_results_tree_claims_against_measured_speedups_in_every_format(tmp_path):
     """The honest claim (1.0x, the reference's own operator) stays clean; the inflated one (5x for
     a slower formula) is a KD701 error; every format shows the measurement."""
     out = tmp_path / "out"
-    proc = _kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cpu",
-                   "--timing", "on", "--problems", "fixtures/timing/problems", "--select", "KD",
-                   # a wider tolerance than the default: this machine's wall clock is shared
-                   "--speedup-tolerance", "2", "--no-cache", "--output-dir", str(out), cwd=ROOT)
+    proc = run_kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cpu",
+                      "--timing", "on", "--problems", "fixtures/timing/problems", "--select", "KD",
+                      # a wider tolerance than the default: this machine's wall clock is shared
+                      "--speedup-tolerance", "2", "--no-cache", "--output-dir", str(out), cwd=ROOT)
     assert proc.returncode == 1, proc.stderr
     data = json.loads((out / "kaudit.json").read_text())
     found = {(Path(f["path"]).name, f["rule"], f["line"], f["level"]) for f in data["findings"]}
@@ -228,9 +220,9 @@ def test_cuda_timing(tmp_path):
     if os.environ.get("KAUDIT_TEST_DEVICE") != "cuda" or not torch.cuda.is_available():
         pytest.skip("needs KAUDIT_TEST_DEVICE=cuda and a CUDA device")
     out = tmp_path / "out"
-    proc = _kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cuda",
-                   "--problems", "fixtures/timing/problems", "--select", "KD", "--no-cache",
-                   "--output-dir", str(out), cwd=ROOT)  # --timing auto: on with CUDA
+    proc = run_kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cuda",
+                      "--problems", "fixtures/timing/problems", "--select", "KD", "--no-cache",
+                      "--output-dir", str(out), cwd=ROOT)  # --timing auto: on with CUDA
     assert proc.returncode == 1, proc.stderr
     data = json.loads((out / "kaudit.json").read_text())
     assert {(Path(f["path"]).name, f["rule"], f["level"]) for f in data["findings"]} == \

@@ -19,8 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,9 +29,16 @@ from kaudit.discover import WorkItem  # noqa: E402
 from kaudit.dynamic import sandbox  # noqa: E402
 from kaudit.dynamic.kernels import DynamicOptions, audit_items, audit_kernel  # noqa: E402
 from kaudit.dynamic.tolerance import resolve  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    ROOT,
+    kaudit_environment,
+    processes_named,
+    processes_under,
+    run_kaudit,
+    wait_until,
+)
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 KERNELS = HERE / "kernels"
 DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
 #: KAUDIT_TEST_SANDBOX=off runs the suite without the OS sandbox (what `auto` degrades to where
@@ -85,53 +90,13 @@ def kaudit(*args: str, cwd: Path, env: dict | None = None,
         args = (*args, "--sandbox", SANDBOX)
     tmp = cwd / "tmp"
     tmp.mkdir(exist_ok=True)
-    full = {**os.environ, "TMPDIR": str(tmp), "XDG_CONFIG_HOME": str(cwd / "config"),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                          if p), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kaudit", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    full = kaudit_environment(tmp, XDG_CONFIG_HOME=str(cwd / "config"), **(env or {}))
+    return run_kaudit(*args, cwd=cwd, env=full, timeout=timeout)
 
 
 def dynamic_findings(proc: subprocess.CompletedProcess) -> list[dict]:
     data = json.loads(proc.stdout)
     return [f for f in data["findings"] if f["pass"] == "dynamic"]
-
-
-def processes_named(name: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == name:
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-def processes_under(folder: Path) -> list[int]:
-    """Processes whose working folder or command line lies under `folder`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            where = os.readlink(entry / "cwd")
-            command = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if where.startswith(str(folder)) or str(folder) in command:
-            found.append(int(entry.name))
-    return found
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 # -- the verdict comes from outside the kernel's reach -------------------------------------------
