@@ -28,7 +28,9 @@ torch = pytest.importorskip("torch", reason="the dynamic pass needs torch; CI in
 from kaudit.discover import WorkItem  # noqa: E402
 from kaudit.dynamic import sandbox  # noqa: E402
 from kaudit.dynamic.kernels import DynamicOptions, audit_items, audit_kernel  # noqa: E402
+from kaudit.dynamic.options import TimingSettings  # noqa: E402
 from kaudit.dynamic.tolerance import resolve  # noqa: E402
+from tests.conftest import DYNAMIC_FIXTURES  # noqa: E402
 from tests.helpers import (  # noqa: E402
     ROOT,
     kaudit_environment,
@@ -136,6 +138,55 @@ def test_a_kernel_right_for_its_first_calls_only_is_caught(tmp_path):
     assert "KD202" in codes(run), messages(run)
     finding = next(f for f in run.findings if f.rule == "KD202")
     assert finding.metrics["call"] > 12
+
+
+# -- speedups measured on a clock the kernel cannot reach ----------------------------------------
+
+#: few, short trials: what is judged, not the machine
+TIMED = {"timing": TimingSettings("on", warmup=2, min_trials=10, max_trials=40, budget_s=0.3),
+         "calls": (8, 12)}
+#: honest kernels whose timing must stay clean (the CUDA ones only with KAUDIT_TEST_DEVICE=cuda)
+HONEST_TIMED = ["good_pytorch_linear", "good_fastkernels_tanh", "good_gelu_triton"] + (
+    ["good_gelu_cuda", "good_softmax_triton"] if DEVICE == "cuda" else [])
+
+
+def timing_findings(run) -> list[tuple[str, str, str]]:
+    return [(f.rule, f.level.value, f.metrics.get("reason")) for f in run.findings]
+
+
+@pytest.mark.parametrize("fixture", HONEST_TIMED)
+def test_honest_kernels_are_timed_without_findings(fixture):
+    kernel = DYNAMIC_FIXTURES / fixture / "kernel.py"
+    run = audit(kernel, **TIMED)
+    assert run.findings == [], messages(run)
+    assert run.metrics.get("measured"), run.metrics.get("timing_error")
+    witness = run.metrics["witness"]
+    assert witness["trials"] == run.metrics["measured"]["trials"], witness
+    print(fixture, witness)
+
+
+def test_rewritten_trial_times_are_tampering(tmp_path):
+    """It finds its per-trial times with gc and divides them by 50; the brackets stamped as the
+    job marked them show what its trials took."""
+    run = audit(pair(tmp_path / "forger", "forges_trial_times"), **TIMED)
+    assert timing_findings(run) == [("KD405", "error", "timing-forged")], messages(run)
+    assert "candidate" in run.findings[0].metrics["forged"]
+    assert "measured" not in run.metrics
+
+
+def test_marks_written_by_the_kernel_are_tampering(tmp_path):
+    run = audit(pair(tmp_path / "marks", "writes_timing_marks"), **TIMED)
+    assert timing_findings(run) == [("KD405", "error", "timing-marks")], messages(run)
+    assert "measured" not in run.metrics
+
+
+def test_work_moved_between_trials_is_found(tmp_path):
+    """Its timed calls are fast and truly so; 5 ms of work per call run in a finaliser between
+    trials. A warning that adds the time back; the measurement stays."""
+    run = audit(pair(tmp_path / "mover", "works_between_trials"), **TIMED)
+    assert timing_findings(run) == [("KD405", "warning", "timing-moved-work")], messages(run)
+    assert 4 < run.findings[0].metrics["outside_ms"] < 50, run.metrics["witness"]
+    assert run.metrics["measured"]
 
 
 # -- the parent protects itself ------------------------------------------------------------------
