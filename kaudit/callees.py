@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import ast
 import enum
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kaudit.python_scope import dotted_parts
-from kaudit.source import FunctionNode, SourceModel
+from kaudit.source import FunctionNode, SourceModel, walk_code
 from kaudit.torch_ops import NN_CONTAINERS, is_torch_compute, nn_module_computes
 
 
@@ -74,28 +74,6 @@ _ELEMENT_METHODS = frozenset({"values", "items", "children", "modules", "named_c
                               "named_modules", "get", "pop", "copy"})
 _MODULE_CALL_ATTRIBUTES = frozenset({"forward", "__call__", "_conv_forward", "_forward"})
 _MAX_DEPTH = 24
-_NO_DESCENT = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-
-
-def body_nodes(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Nodes of a function body in source order, not entering nested functions, lambdas or
-    classes. (Reads `_fields` directly: this walk is on the hot path of every scan.)"""
-    stack = list(reversed(nodes))
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, _NO_DESCENT):
-            continue
-        children: list[ast.AST] = []
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if value.__class__ is list:
-                children.extend(item for item in value if isinstance(item, ast.AST))
-            elif isinstance(value, ast.AST):
-                children.append(value)
-        stack.extend(reversed(children))
-
-
 def methods_of(cls: ast.ClassDef) -> dict[str, FunctionNode]:
     return {s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
@@ -542,7 +520,7 @@ class Callees:
                     if isinstance(target, ast.Name):
                         stores.append((None, target.id, statement.value))
         for method in methods_of(cls).values():
-            for node in body_nodes(method.body):
+            for node in walk_code(method.body, into_functions=False):
                 if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     if node.value is None:
@@ -592,7 +570,7 @@ class Callees:
                 if isinstance(element, ast.Name):
                     values.setdefault(element.id, []).append(value)
 
-        for node in body_nodes(function.body):
+        for node in walk_code(function.body, into_functions=False):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     bind(target, node.value)
@@ -630,7 +608,7 @@ class Callees:
         self._active.add(guard)
         found: set[Held] = set()
         try:
-            for node in body_nodes(function.body):
+            for node in walk_code(function.body, into_functions=False):
                 if isinstance(node, ast.Return) and node.value is not None:
                     found |= self.held_by(node.value, cls, function, depth + 1)
         finally:

@@ -13,10 +13,9 @@ import ast
 import enum
 from dataclasses import dataclass
 
-from kaudit.callees import body_nodes
 from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, Op, OpKind
 from kaudit.python_scope import dotted_parts
-from kaudit.source import FunctionNode
+from kaudit.source import FunctionNode, walk_code
 
 # Methods that return (a view or copy of) their receiver's data: the producer is the receiver's.
 PASS_THROUGH_METHODS = frozenset({
@@ -319,7 +318,7 @@ class ReturnTracer:
             for method in owner.body:
                 if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
-                for node in body_nodes(method.body):
+                for node in walk_code(method.body, into_functions=False):
                     if isinstance(node, ast.Assign) and any(
                             _key_of(t) == f"self.{attribute}" for t in node.targets):
                         values.append(node.value)
@@ -414,7 +413,7 @@ class _FunctionFacts:
     """One walk over a function body, kept for every question the tracer asks about it."""
 
     def __init__(self, function: FunctionNode) -> None:
-        self.nodes = list(body_nodes(function.body))
+        self.nodes = list(walk_code(function.body, into_functions=False))
         self.returns = [n for n in self.nodes if isinstance(n, ast.Return) and n.value is not None]
         top_level = {id(statement) for statement in function.body}
         #: key -> (line, at top level, value) of each assignment, in source order

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import ast
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kaudit.callees import Callees, Held, Kind, body_nodes, methods_of
+from kaudit.callees import Callees, Held, Kind, methods_of
 from kaudit.python_scope import dotted_parts
-from kaudit.source import FunctionNode, SourceModel, child_nodes
+from kaudit.source import FunctionNode, SourceModel, walk_code
 from kaudit.torch_ops import TENSOR_COMPUTE_METHODS, is_torch_compute
 
 __all__ = ["REFERENCE_KINDS", "ForwardAnalysis", "Op", "OpKind", "is_reference_model_name",
@@ -65,33 +65,6 @@ def is_reference_model_name(model: SourceModel, expr: ast.AST) -> bool:
     """`Model`, `problem.Model`, or a name imported as the reference (`from ref import Model as
     R`); not the file's own `Model` when that class runs custom kernels (a rewritten model)."""
     return ForwardAnalysis.of(model).is_reference(expr)
-
-
-def walk_code(nodes: Sequence[ast.AST], *, into_functions: bool = True) -> Iterator[ast.AST]:
-    """Every node under `nodes` in source order (expression contexts left out), not entering
-    nested class bodies (their code runs elsewhere), nor nested functions and lambdas when
-    `into_functions` is False. The rules walk the same function bodies many times, so the
-    last walks are kept (with `nodes` itself, so that its id cannot be reused meanwhile)."""
-    key = (id(nodes), into_functions)
-    cached = _WALKS.get(key)
-    if cached is None:
-        if len(_WALKS) >= _WALKS_KEPT:
-            _WALKS.clear()
-        stop = ast.ClassDef if into_functions else _NESTED_SCOPES
-        found: list[ast.AST] = []
-        stack = list(reversed(nodes))
-        while stack:
-            node = stack.pop()
-            found.append(node)
-            if not isinstance(node, stop):
-                stack.extend(reversed(child_nodes(node)))
-        cached = _WALKS[key] = (nodes, found)
-    return iter(cached[1])
-
-
-_NESTED_SCOPES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-_WALKS: dict[tuple[int, bool], tuple[Sequence[ast.AST], list[ast.AST]]] = {}
-_WALKS_KEPT = 512
 
 
 class ForwardAnalysis:
@@ -504,7 +477,7 @@ class ForwardAnalysis:
                 seen.add(id(function))
                 installs = False
                 built: list[ast.ClassDef] = []
-                for node in body_nodes(function.body):
+                for node in walk_code(function.body, into_functions=False):
                     if _installs_elsewhere(node):
                         installs = True
                         if isinstance(node, ast.Assign) and any(

@@ -15,7 +15,7 @@ import itertools
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +63,33 @@ def walk_all(root: ast.AST) -> list[ast.AST]:
             elif isinstance(value, ast.AST) and name != "ctx":
                 out.append(value)
     return out
+
+
+def walk_code(nodes: Sequence[ast.AST], *, into_functions: bool = True) -> Iterator[ast.AST]:
+    """Every node under `nodes` in source order (expression contexts left out), not entering
+    nested class bodies (their code runs elsewhere), nor nested functions and lambdas when
+    `into_functions` is False. The rules walk the same function bodies many times, so the
+    last walks are kept (with `nodes` itself, so that its id cannot be reused meanwhile)."""
+    key = (id(nodes), into_functions)
+    cached = _WALKS.get(key)
+    if cached is None:
+        if len(_WALKS) >= _WALKS_KEPT:
+            _WALKS.clear()
+        stop = ast.ClassDef if into_functions else _NESTED_SCOPES
+        found: list[ast.AST] = []
+        stack = list(reversed(nodes))
+        while stack:
+            node = stack.pop()
+            found.append(node)
+            if not isinstance(node, stop):
+                stack.extend(reversed(child_nodes(node)))
+        cached = _WALKS[key] = (nodes, found)
+    return iter(cached[1])
+
+
+_NESTED_SCOPES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_WALKS: dict[tuple[int, bool], tuple[Sequence[ast.AST], list[ast.AST]]] = {}
+_WALKS_KEPT = 512
 
 
 def walk_tree(root: tree_sitter.Node, types: frozenset[str] | None = None

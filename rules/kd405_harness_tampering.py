@@ -16,10 +16,18 @@ class HarnessTamperingAtRun(DynamicRule):
     replacement does not decide what is saved. Also reported: an output file of the job larger than
     the tensors it should hold (not loaded).
 
+    In the timing run (`--timing`) the same for the timer, the events and the synchronise; and the
+    job marks each trial's start and end on a socket it connected before the kernel was imported,
+    stamped by the operating system as sent: marks that are not exactly the trials', or reported
+    times outside the stamped brackets, are reported (the times were rewritten), and more time
+    between two of the candidate's trials than between two of the reference's is a warning (work
+    moved out of the timed calls).
+
     ## Why is this bad?
     A harness runs in the kernel's process; a kernel that replaces its save function, its
-    comparison or its timer decides its own verdict, and one that patches `torch.save` or
-    `Module.__call__` in a benchmark's process rewrites the reference's answer too.
+    comparison or its timer, or rewrites the times it was measured at, decides its own verdict
+    and speedup, and one that patches `torch.save` or `Module.__call__` in a benchmark's process
+    rewrites the reference's answer too.
 
     ## Example
     ```python

@@ -30,6 +30,7 @@ from kaudit.dynamic.runner import (
     run_job,
     scrubbed_environment,
 )
+from tests.helpers import wait_until
 from tests.test_dynamic_runner import alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,15 +106,6 @@ def run_ok(one: Job) -> dict:
     with run_job(one) as result:
         assert result.status == OK, result.describe() + result.stderr_tail
         return result.value
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_forked_child_sees_exactly_the_scrubbed_and_job_environment(jobs, monkeypatch):

@@ -22,8 +22,8 @@ import pytest
 from kaudit.dynamic import forkserver, sandbox, scratch
 from kaudit.dynamic.harness.child import CAPTURE_HEAD, CAPTURE_TAIL
 from kaudit.dynamic.runner import OK, Job, OversizedOutput, run_job
+from tests.helpers import ROOT, kaudit_environment, processes_named, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 WHY_NOT = sandbox.available()
 NEEDS_SANDBOX = pytest.mark.skipif(WHY_NOT is not None, reason=f"no OS sandbox here: {WHY_NOT}")
 
@@ -124,27 +124,6 @@ def run(jobs: Path, function: str, **args):
         return result.value
 
 
-def processes_named(name: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == name:
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
 @NEEDS_SANDBOX
 def test_a_sandboxed_job_sees_only_its_own_folders(jobs, mode):
     import kaudit
@@ -182,8 +161,7 @@ def test_nothing_in_a_job_names_kaudit(jobs, mode, monkeypatch, sandboxed, fork_
         pytest.skip(f"no OS sandbox here: {WHY_NOT}")
     mode(sandboxed)
     monkeypatch.setenv("KAUDIT_FORKSERVER", fork_server)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PYTHONPATH", kaudit_environment()["PYTHONPATH"])
     assert run(jobs, "traces") == []
 
 
@@ -279,11 +257,6 @@ def _kernel(folder: Path, kernel: str, inputs: int = 16) -> Path:
     return folder
 
 
-def _environment(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-
-
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
 def test_kaudit_stopped_mid_scan_leaves_nothing(tmp_path, number):
     pytest.importorskip("torch", reason="the dynamic pass needs torch")
@@ -294,7 +267,7 @@ def test_kaudit_stopped_mid_scan_leaves_nothing(tmp_path, number):
     process = subprocess.Popen(
         [sys.executable, "-m", "kaudit", "scan", "sleeper", "second", "third", "--dynamic",
          "--device", "cpu", "--no-cache", "--timeout", "300", "-j", "2"],
-        cwd=tmp_path, env=_environment(tmp),
+        cwd=tmp_path, env=kaudit_environment(tmp),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         # a candidate job is running once a job folder holds its inputs
@@ -358,7 +331,7 @@ def test_a_full_disk_during_the_dynamic_pass_is_kd504_and_the_scan_goes_on(tmp_p
     script = (f"mount -t tmpfs -o size=2m tmpfs {tmp} && exec {sys.executable} -m kaudit scan "
               "first second --dynamic --device cpu --no-cache -f json")
     proc = subprocess.run(["unshare", "-Urm", "sh", "-c", script], cwd=tmp_path,
-                          env=_environment(tmp), capture_output=True, text=True, timeout=600)
+                          env=kaudit_environment(tmp), capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     dynamic = [(Path(f["path"]).parent.name, f["rule"]) for f in report["findings"]

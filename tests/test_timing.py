@@ -2,19 +2,20 @@
 `cpu`, the wall clock): the measurement from a job's per-trial times (CUDA events against the wall
 clock from synthetic times), KD701 on a results tree with an honest and an inflated claim in every
 output format, KernelBench's method, a kernel wrong only when timed (KD406) and one that rebinds
-the timer (KD405). The CUDA path runs with KAUDIT_TEST_DEVICE=cuda (test_cuda_timing)."""
+the timer (KD405), and the judgement of reported times against kaudit's own clock on the trials
+(`kaudit.dynamic.witness`; the hostile kernels that forge them are in tests/adversarial). The CUDA
+path runs with KAUDIT_TEST_DEVICE=cuda (test_cuda_timing)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, expected_findings
+from tests.helpers import run_kaudit
 
 torch = pytest.importorskip("torch", reason="kaudit scan --dynamic needs torch; CI installs it")
 
@@ -22,6 +23,7 @@ from kaudit.dynamic.judge import Adder
 from kaudit.dynamic.kernels import DynamicOptions, KernelRun, audit_kernel
 from kaudit.dynamic.timing import TimingSettings, measurement, speedup_findings
 from kaudit.dynamic.tolerance import resolve
+from kaudit.dynamic.witness import Witness, expected_marks, judge_trials
 from kaudit.findings import Location
 from kaudit.results import Claim, Submission
 from kaudit.verdicts import judge, summarize
@@ -121,21 +123,14 @@ def test_a_measurement_confirms_a_large_claim_and_feeds_the_verified_figures():
     assert summarize([unconfirmed])["total"]["fast_1_verified"] is None
 
 
-def _kaudit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.run([sys.executable, "-m", "kaudit", *args], check=False,
-                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-
-
 def test_results_tree_claims_against_measured_speedups_in_every_format(tmp_path):
     """The honest claim (1.0x, the reference's own operator) stays clean; the inflated one (5x for
     a slower formula) is a KD701 error; every format shows the measurement."""
     out = tmp_path / "out"
-    proc = _kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cpu",
-                   "--timing", "on", "--problems", "fixtures/timing/problems", "--select", "KD",
-                   # a wider tolerance than the default: this machine's wall clock is shared
-                   "--speedup-tolerance", "2", "--no-cache", "--output-dir", str(out), cwd=ROOT)
+    proc = run_kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cpu",
+                      "--timing", "on", "--problems", "fixtures/timing/problems", "--select", "KD",
+                      # a wider tolerance than the default: this machine's wall clock is shared
+                      "--speedup-tolerance", "2", "--no-cache", "--output-dir", str(out), cwd=ROOT)
     assert proc.returncode == 1, proc.stderr
     data = json.loads((out / "kaudit.json").read_text())
     found = {(Path(f["path"]).name, f["rule"], f["line"], f["level"]) for f in data["findings"]}
@@ -228,9 +223,9 @@ def test_cuda_timing(tmp_path):
     if os.environ.get("KAUDIT_TEST_DEVICE") != "cuda" or not torch.cuda.is_available():
         pytest.skip("needs KAUDIT_TEST_DEVICE=cuda and a CUDA device")
     out = tmp_path / "out"
-    proc = _kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cuda",
-                   "--problems", "fixtures/timing/problems", "--select", "KD", "--no-cache",
-                   "--output-dir", str(out), cwd=ROOT)  # --timing auto: on with CUDA
+    proc = run_kaudit("scan", "fixtures/timing/runs/claims", "--dynamic", "--device", "cuda",
+                      "--problems", "fixtures/timing/problems", "--select", "KD", "--no-cache",
+                      "--output-dir", str(out), cwd=ROOT)  # --timing auto: on with CUDA
     assert proc.returncode == 1, proc.stderr
     data = json.loads((out / "kaudit.json").read_text())
     assert {(Path(f["path"]).name, f["rule"], f["level"]) for f in data["findings"]} == \
@@ -240,3 +235,100 @@ def test_cuda_timing(tmp_path):
         assert measured["method"] == "cuda", measured  # plain PyTorch: the events see it all
         assert measured["flush_bytes"] >= 256 << 20 and measured["trials"] >= 30
         print(Path(verdict["path"]).name, json.dumps(measured))
+
+
+# -- the parent's clock on the trials (kaudit.dynamic.witness) ------------------------------------
+
+
+def _witnessed(reported: dict[str, list[float]], taken: dict[str, list[float]],
+               between: dict[str, float] | None = None) -> tuple[dict, list]:
+    """A timing job's info and the marks of its trials: each trial reports `reported` ms and
+    takes `taken` ms on the parent's clock; `between` ms pass before a trial of that model."""
+    trials = len(reported["candidate"])
+    info = {"trials": trials, **{name: _trials(wall=values) for name, values in reported.items()}}
+    marks, now = [], 0
+    for label in expected_marks(trials)[::2]:
+        t, name = int(label.split()[0]), label.split()[1]
+        now += int((between or {}).get(name, 0.05) * 1e6)
+        marks.append((label, now))
+        now += int(taken[name][t] * 1e6)
+        marks.append((label.replace("start", "end"), now))
+    return info, marks
+
+
+def _judged(info: dict, marks: list) -> tuple[bool, list, dict]:
+    run, metrics = KernelRun("k.py"), {}
+    rejected = judge_trials(Adder(run, Location("k.py", 3)), info, marks, metrics)
+    return rejected, [(f.rule, f.level.value, f.metrics["reason"]) for f in run.findings], metrics
+
+
+def test_witnessed_honest_trials_are_clean():
+    """Reported times a few microseconds inside their brackets, on a noisy clock: clean."""
+    noise = [0.003, 0.02, 0.004, 0.9, 0.005, 0.006, 0.004, 0.003, 0.01, 0.004]
+    candidate, reference = [0.01 + 0.001 * i for i in range(10)], [2.0 + 0.1 * i for i in range(10)]
+    info, marks = _witnessed({"candidate": candidate, "reference": reference},
+                             {"candidate": [c + n for c, n in zip(candidate, noise)],
+                              "reference": [r + n for r, n in zip(reference, noise[::-1])]})
+    rejected, found, metrics = _judged(info, marks)
+    assert (rejected, found) == (False, [])
+    assert metrics["witness"]["candidate"]["bracket_ms"] > metrics["witness"]["candidate"][
+        "reported_ms"]
+    assert metrics["witness"]["between_ms"]["candidate-candidate"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(("reported", "forged"), [
+    ({"candidate": [0.1] * 10, "reference": [2.0] * 10}, ["candidate"]),   # made faster
+    ({"candidate": [1.0] * 10, "reference": [6.0] * 10}, ["reference"]),   # the reference slower
+    ({"candidate": [0.02] * 10, "reference": [2.0] * 10}, ["candidate"])])  # a tiny kernel, 5x
+def test_reported_times_outside_their_brackets_are_forged(reported, forged):
+    taken = {"candidate": [1.0] * 10, "reference": [2.0] * 10}
+    if forged == ["candidate"] and reported["candidate"][0] == 0.02:
+        taken["candidate"] = [0.15] * 10
+    rejected, found, _ = _judged(*_witnessed(reported, taken))
+    assert (rejected, found) == (True, [("KD405", "error", "timing-forged")])
+
+
+def test_marks_that_are_not_the_trials_are_tampering():
+    info, marks = _witnessed({"candidate": [1.0] * 4, "reference": [1.0] * 4},
+                             {"candidate": [1.0] * 4, "reference": [1.0] * 4})
+    missing, extra = marks[:-1], [marks[0], ("0 reference end", 5), *marks[1:]]
+    unstamped, swapped = [*marks[:3], (marks[3][0], -1), *marks[4:]], marks[2:4] + marks[:2]
+    for changed in (missing, extra, unstamped, swapped + marks[4:]):
+        rejected, found, _ = _judged(info, changed)
+        assert (rejected, found) == (True, [("KD405", "error", "timing-marks")]), changed[:4]
+    short = {**info, "candidate": info["candidate"][:3]}
+    assert _judged(short, marks)[1] == [("KD405", "error", "timing-marks")]
+
+
+def test_time_between_the_candidates_trials_is_work_moved_out():
+    times = {"candidate": [0.05] * 12, "reference": [1.0] * 12}
+    moved = _judged(*_witnessed(times, times, {"candidate": 3.0, "reference": 0.05}))
+    assert moved[:2] == (False, [("KD405", "warning", "timing-moved-work")])
+    # the same gaps beside both models, or a small difference, are not
+    assert _judged(*_witnessed(times, times, {"candidate": 0.1, "reference": 0.1}))[1] == []
+    assert _judged(*_witnessed(times, times, {"candidate": 0.2, "reference": 0.05}))[1] == []
+
+
+def test_the_witness_stamps_marks_as_they_are_sent(tmp_path, monkeypatch):
+    """The job's side (`_connect` in the timing job) against the parent's, through a folder
+    deeper than a socket address holds."""
+    import tempfile
+    import time
+
+    from kaudit.dynamic.harness.timing_job import _connect
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with Witness() as witness:
+        assert len(witness.path) > 108
+        send = _connect(witness.path)
+        send(b"0 reference start")
+        time.sleep(0.05)
+        send(b"0 reference end")
+        del send
+        marks = witness.marks()
+    assert witness.connected and [label for label, _ in marks] == ["0 reference start",
+                                                                   "0 reference end"]
+    assert 40e6 < marks[1][1] - marks[0][1] < 5e9, marks
+    assert _connect(str(tmp_path / "nothing")) is None

@@ -18,7 +18,8 @@ From the per-trial times it hands back, this module computes, in kaudit's proces
   `host_time` methods, mean of the trials, for seeing where a claim came from);
 - KD406 when an output of a timed trial (two trials, drawn with the scan's key, on inputs A and B
   unscaled) is wrong against the reference outputs; KD405 when the kernel rebound what the timing
-  relies on (then no measurement);
+  relies on (then no measurement), and the checks of the reported times against kaudit's own
+  clock on the trials (`kaudit.dynamic.witness`: forged times, work moved between trials);
 - KD701 (`speedup_findings`) when the speedup the results tree claims exceeds the measured one by
   more than `--speedup-tolerance` (1.5x): an error when the claim is over `ERROR_CLAIM` (2x) and
   the measurement under `NO_SPEEDUP` (1.1x).
@@ -26,14 +27,17 @@ From the per-trial times it hands back, this module computes, in kaudit's proces
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kaudit.dynamic.judge import Adder, size_limit
+from kaudit.dynamic.witness import Unavailable, Witness
 from kaudit.dynamic.options import DEFAULT_SPEEDUP_TOLERANCE, TimingSettings
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.findings import Level
@@ -72,8 +76,15 @@ def timing_job(settings: TimingSettings, common: dict, kernel: str, build: str, 
 def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, tolerance: Any,
             device: str) -> dict[str, Any] | None:
     """Run the timing job and judge it: the measurement (also in `run_metrics["measured"]`), or
-    None when there is none (a failed job, tampering, a wrong timed output)."""
-    with run_job(job) as result:
+    None when there is none (a failed job, tampering, a wrong timed output). The robust method's
+    trials are witnessed on kaudit's own clock (`kaudit.dynamic.witness`)."""
+    with contextlib.ExitStack() as stack:
+        witness = _witness(run_metrics) if job.args["method"] == "robust" else None
+        if witness is not None:
+            stack.enter_context(witness)
+            job = replace(job, args={**job.args, "marks": witness.path},
+                          visible=(*job.visible, witness.folder))
+        result = stack.enter_context(run_job(job))
         if not result.ok:
             run_metrics["timing_error"] = result.describe()
             return None
@@ -85,13 +96,23 @@ def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, tolerance: Any,
             return None
         if _wrong_when_timed(add, result, job.args.get("check", []), refs, tolerance):
             return None
-    try:
-        measured = measurement(info, job.args["method"], device)
-    except (KeyError, TypeError, ValueError) as exc:
-        run_metrics["timing_error"] = f"unusable timings: {exc}"
-        return None
+        try:
+            if witness is not None and witness.judge(add, info, run_metrics):
+                return None
+            measured = measurement(info, job.args["method"], device)
+        except (KeyError, TypeError, ValueError) as exc:
+            run_metrics["timing_error"] = f"unusable timings: {exc}"
+            return None
     run_metrics["measured"] = measured
     return measured
+
+
+def _witness(run_metrics: dict) -> Witness | None:
+    try:
+        return Witness()
+    except Unavailable as exc:
+        run_metrics["witness"] = str(exc)
+        return None
 
 
 def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: dict,

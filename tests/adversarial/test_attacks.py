@@ -19,8 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,10 +28,19 @@ torch = pytest.importorskip("torch", reason="the dynamic pass needs torch; CI in
 from kaudit.discover import WorkItem  # noqa: E402
 from kaudit.dynamic import sandbox  # noqa: E402
 from kaudit.dynamic.kernels import DynamicOptions, audit_items, audit_kernel  # noqa: E402
+from kaudit.dynamic.options import TimingSettings  # noqa: E402
 from kaudit.dynamic.tolerance import resolve  # noqa: E402
+from tests.conftest import DYNAMIC_FIXTURES  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    ROOT,
+    kaudit_environment,
+    processes_named,
+    processes_under,
+    run_kaudit,
+    wait_until,
+)
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
 KERNELS = HERE / "kernels"
 DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
 #: KAUDIT_TEST_SANDBOX=off runs the suite without the OS sandbox (what `auto` degrades to where
@@ -85,53 +92,13 @@ def kaudit(*args: str, cwd: Path, env: dict | None = None,
         args = (*args, "--sandbox", SANDBOX)
     tmp = cwd / "tmp"
     tmp.mkdir(exist_ok=True)
-    full = {**os.environ, "TMPDIR": str(tmp), "XDG_CONFIG_HOME": str(cwd / "config"),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                          if p), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kaudit", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    full = kaudit_environment(tmp, XDG_CONFIG_HOME=str(cwd / "config"), **(env or {}))
+    return run_kaudit(*args, cwd=cwd, env=full, timeout=timeout)
 
 
 def dynamic_findings(proc: subprocess.CompletedProcess) -> list[dict]:
     data = json.loads(proc.stdout)
     return [f for f in data["findings"] if f["pass"] == "dynamic"]
-
-
-def processes_named(name: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == name:
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-def processes_under(folder: Path) -> list[int]:
-    """Processes whose working folder or command line lies under `folder`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            where = os.readlink(entry / "cwd")
-            command = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if where.startswith(str(folder)) or str(folder) in command:
-            found.append(int(entry.name))
-    return found
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 # -- the verdict comes from outside the kernel's reach -------------------------------------------
@@ -171,6 +138,55 @@ def test_a_kernel_right_for_its_first_calls_only_is_caught(tmp_path):
     assert "KD202" in codes(run), messages(run)
     finding = next(f for f in run.findings if f.rule == "KD202")
     assert finding.metrics["call"] > 12
+
+
+# -- speedups measured on a clock the kernel cannot reach ----------------------------------------
+
+#: few, short trials: what is judged, not the machine
+TIMED = {"timing": TimingSettings("on", warmup=2, min_trials=10, max_trials=40, budget_s=0.3),
+         "calls": (8, 12)}
+#: honest kernels whose timing must stay clean (the CUDA ones only with KAUDIT_TEST_DEVICE=cuda)
+HONEST_TIMED = ["good_pytorch_linear", "good_fastkernels_tanh", "good_gelu_triton"] + (
+    ["good_gelu_cuda", "good_softmax_triton"] if DEVICE == "cuda" else [])
+
+
+def timing_findings(run) -> list[tuple[str, str, str]]:
+    return [(f.rule, f.level.value, f.metrics.get("reason")) for f in run.findings]
+
+
+@pytest.mark.parametrize("fixture", HONEST_TIMED)
+def test_honest_kernels_are_timed_without_findings(fixture):
+    kernel = DYNAMIC_FIXTURES / fixture / "kernel.py"
+    run = audit(kernel, **TIMED)
+    assert run.findings == [], messages(run)
+    assert run.metrics.get("measured"), run.metrics.get("timing_error")
+    witness = run.metrics["witness"]
+    assert witness["trials"] == run.metrics["measured"]["trials"], witness
+    print(fixture, witness)
+
+
+def test_rewritten_trial_times_are_tampering(tmp_path):
+    """It finds its per-trial times with gc and divides them by 50; the brackets stamped as the
+    job marked them show what its trials took."""
+    run = audit(pair(tmp_path / "forger", "forges_trial_times"), **TIMED)
+    assert timing_findings(run) == [("KD405", "error", "timing-forged")], messages(run)
+    assert "candidate" in run.findings[0].metrics["forged"]
+    assert "measured" not in run.metrics
+
+
+def test_marks_written_by_the_kernel_are_tampering(tmp_path):
+    run = audit(pair(tmp_path / "marks", "writes_timing_marks"), **TIMED)
+    assert timing_findings(run) == [("KD405", "error", "timing-marks")], messages(run)
+    assert "measured" not in run.metrics
+
+
+def test_work_moved_between_trials_is_found(tmp_path):
+    """Its timed calls are fast and truly so; 5 ms of work per call run in a finaliser between
+    trials. A warning that adds the time back; the measurement stays."""
+    run = audit(pair(tmp_path / "mover", "works_between_trials"), **TIMED)
+    assert timing_findings(run) == [("KD405", "warning", "timing-moved-work")], messages(run)
+    assert 4 < run.findings[0].metrics["outside_ms"] < 50, run.metrics["witness"]
+    assert run.metrics["measured"]
 
 
 # -- the parent protects itself ------------------------------------------------------------------

@@ -22,10 +22,15 @@ method on the CPU): warm-up calls, then trials on the same inputs A, the L2 cach
 
 What it relies on (the timer, the device synchronise, the events, the calls it makes on tensors)
 is captured before the kernel file is imported; what the kernel rebound is listed in `tampered`.
+With `marks` (the path of the parent's socket), each alternating trial is also marked on that
+socket, connected before the kernel file is imported: `<trial> <model> start` right before its
+timer starts, `<trial> <model> end` right after it stops. The operating system stamps each mark as
+it is sent, so the parent has the trials' brackets on a clock the kernel cannot rewrite.
 """
 
 import importlib.util
 import os
+import socket
 import sys
 import time
 
@@ -56,8 +61,10 @@ def _build(torch, cls, init_inputs, state, seed, device):
 class _Clock:
     """The timer, captured before any code of the kernel runs."""
 
-    def __init__(self, torch, device):
+    def __init__(self, torch, device, mark):
         self.torch = torch
+        #: sends one mark to the parent (a bound `send` of its connected socket), or None
+        self.mark = mark
         self.cuda = device.type == "cuda"
         self.perf = time.perf_counter
         self.sync = torch.cuda.synchronize if self.cuda else None
@@ -101,22 +108,28 @@ class _Clock:
                 self.zero(self.flush_buffer)
                 self.sync()
 
-    def time(self, model, inputs):
-        """One call: (CUDA event milliseconds or None, wall-clock milliseconds, the outputs)."""
+    def time(self, model, inputs, label=None):
+        """One call: (CUDA event milliseconds or None, wall-clock milliseconds, the outputs); a
+        call with a `label` is marked on the parent's socket, right outside its timer."""
         self.settle()
+        marked = label is not None and self.mark is not None
         with self.no_grad():
             if self.cuda:
                 start, end = self.event(enable_timing=True), self.event(enable_timing=True)
-                began = self.perf()
+            if marked:
+                self.mark(label + b" start")
+            began = self.perf()
+            if self.cuda:
                 start.record()
                 result = self.call(model, *inputs)
                 end.record()
                 self.sync()
-                wall = (self.perf() - began) * 1e3
-                return start.elapsed_time(end), wall, result
-            began = self.perf()
-            result = self.call(model, *inputs)
-            return None, (self.perf() - began) * 1e3, result
+            else:
+                result = self.call(model, *inputs)
+            wall = (self.perf() - began) * 1e3
+            if marked:
+                self.mark(label + b" end")
+            return start.elapsed_time(end) if self.cuda else None, wall, result
 
 
 def _fresh(clock, torch, values, factor):
@@ -146,7 +159,29 @@ def _save_outputs(torch, result, path):
                 else torch.tensor(float("nan")) for t in items], path)
 
 
+def _connect(path):
+    """The bound `send` of a socket connected to the parent's (None without one, or when it
+    cannot be reached: the parent sees that no trial was marked)."""
+    if not path:
+        return None
+    channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    folder = None
+    try:
+        if len(path.encode()) >= 100:  # longer than an address holds: through the folder's fd
+            folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+            path = f"/proc/self/fd/{folder}/{os.path.basename(path)}"
+        channel.connect(path)
+    except OSError:
+        channel.close()
+        return None
+    finally:
+        if folder is not None:
+            os.close(folder)
+    return channel.send
+
+
 def run(args, out_dir):
+    mark = _connect(args.get("marks"))
     import torch
 
     if args.get("build_dir"):
@@ -177,7 +212,7 @@ def run(args, out_dir):
         init_inputs = problem.get_init_inputs()
         state = problem.Model(*init_inputs).state_dict()
     reference = _build(torch, problem.Model, init_inputs, state, seed, device)
-    clock = _Clock(torch, device)
+    clock = _Clock(torch, device, mark)
     method = args.get("method", "robust")
     if device.type == "cuda":
         l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
@@ -228,7 +263,8 @@ def _robust(clock, torch, reference, candidate, pool, warmup, args, keep):
         order = ("reference", "candidate") if t % 2 == 0 else ("candidate", "reference")
         for name in order:
             model = reference if name == "reference" else candidate
-            event, wall, result = clock.time(model, _fresh(clock, torch, pool[t % 2], factor))
+            event, wall, result = clock.time(model, _fresh(clock, torch, pool[t % 2], factor),
+                                             f"{t} {name}".encode())
             times[name].append({"event": event, "wall": wall})
             if name == "candidate" and t in check:
                 keep(t, result)
