@@ -1,5 +1,5 @@
 """Where each kernel's audit runs: this machine (`LocalExecutor`) or a Ray cluster (`RayExecutor`,
-`--executor ray`). Both run the same per-kernel audit (`kernels._audit_entry`: the fork server, the
+`--executor ray`). Both run the same per-kernel audit (`kernels.audit_entry`: the fork server, the
 OS sandbox, poisoned jobs, judging) and hand each `KernelRun` back to the driver the moment it
 ends, where the pass streams it, shows progress and writes the dynamic result cache.
 
@@ -36,7 +36,7 @@ from kaudit.dynamic.kernels import (
     GpuSlots,
     KernelRun,
     KernelTask,
-    _audit_entry,
+    audit_entry,
     incomplete,
     problem_text,
 )
@@ -85,7 +85,7 @@ class LocalExecutor:
 
         def one(task: KernelTask) -> None:
             started = time.monotonic()
-            run = _audit_entry(task.item, task.text, options, device, slots, builds)
+            run = audit_entry(task.item, task.text, options, device, slots, builds)
             with lock:
                 done(task, run, time.monotonic() - started)
 
@@ -238,7 +238,7 @@ def audit_on_node(task: KernelTask, options: DynamicOptions, device: str,
         builds = BuildCache(default_root() if node_builds else options.extensions_dir)
         try:
             with placed(task, options) as (item, placed_options):
-                run = _audit_entry(item, task.text, placed_options, device,
+                run = audit_entry(item, task.text, placed_options, device,
                                    GpuSlots(1) if device == "cuda" else None, builds)
         except OSError as exc:
             run = incomplete(task.item.display, task.text, exc)

@@ -24,7 +24,8 @@ For every kernel file the static scan read, this module (in the kaudit process):
    (`kaudit.dynamic.timing`): the verdict's `measured`, and KD701 where a claimed speedup is not
    reproduced.
 
-Kernels run `DynamicOptions.jobs` at a time, on CUDA spread over the visible GPUs (`GpuSlots`).
+Kernels run on an executor (`kaudit.dynamic.executors`): here, `DynamicOptions.jobs` at a time, on
+CUDA spread over the visible GPUs (`GpuSlots`), or one Ray task each (`audit_entry` on the node).
 
 Findings point at `ModelNew.forward` in the kernel file and carry `pass_ = "dynamic"`.
 """
@@ -269,10 +270,10 @@ def _audit_work(work: list[tuple[WorkItem, str, OSError | None]], options: Dynam
     executor.audit(pending, device, finished)
     return [run if run is not None else
             incomplete(item.display, text, RuntimeError("the executor returned no result"))
-            for run, (item, text, _) in zip(runs, work)]
+            for run, (item, text, _) in zip(runs, work, strict=True)]
 
 
-def _audit_entry(item: WorkItem, text: str, options: DynamicOptions, device: str,
+def audit_entry(item: WorkItem, text: str, options: DynamicOptions, device: str,
                  slots: GpuSlots | None, builds: BuildCache) -> KernelRun:
     """One kernel of a scan. Anything that stops its audit (a record that cannot be written out,
     an error in kaudit) is a KD504 finding for this kernel; the scan goes on."""

@@ -19,8 +19,8 @@ from kaudit.baseline import mark_findings
 from kaudit.config import Config
 from kaudit.discover import WorkItem
 from kaudit.dynamic import acceptance
-from kaudit.dynamic.kernels import KernelRun, audit_items
 from kaudit.dynamic.executors import executor_for
+from kaudit.dynamic.kernels import KernelRun, audit_items
 from kaudit.dynamic.options import DynamicOptions
 from kaudit.dynamic.result_cache import DynamicCache
 from kaudit.dynamic.timing import check_claims
