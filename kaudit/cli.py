@@ -47,6 +47,11 @@ class SandboxMode(str, enum.Enum):
     off = "off"
 
 
+class ExecutorKind(str, enum.Enum):
+    local = "local"
+    ray = "ray"
+
+
 class FailOn(str, enum.Enum):
     error = "error"
     warning = "warning"
@@ -128,6 +133,8 @@ def scan(
     speedup_tolerance: Annotated[float, typer.Option(help="--dynamic --timing: KD701 when a claimed speedup exceeds the measured one by more than this factor.")] = 1.5,  # noqa: E501
     build_cache: Annotated[Optional[str], typer.Option("--build-cache", help="--dynamic: the folder of compiled extensions, shared by scans and processes (default: ~/.cache/kernel-builds), or none for a temporary one.")] = None,  # noqa: UP007,E501
     stream: Annotated[Optional[Path], typer.Option("--stream", help="Write one JSON line per kernel into this file the moment its verdict is final (path, verdict, findings, seconds, status, cached).")] = None,  # noqa: UP007,E501
+    executor: Annotated[ExecutorKind, typer.Option("--executor", help="--dynamic: where each kernel's audit runs: local (this machine, --jobs at a time) or ray (one Ray task per kernel, one GPU each on CUDA; needs kaudit[ray]).")] = ExecutorKind.local,  # noqa: E501
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: the cluster to join (HOST:PORT of `ray start --head`; default: RAY_ADDRESS, a cluster started on this machine, else a new local one).")] = None,  # noqa: UP007,E501
 ) -> None:
     """Scan kernel files, folders and benchmark result trees."""
     if output_dir is not None:
@@ -136,7 +143,8 @@ def scan(
                                scales=scales, jobs=jobs, artifacts=artifacts,
                                memory_limit=memory_limit, sandbox=sandbox,
                                build_cache=build_cache,
-                               timing=(timing, speedup_tolerance)) if dynamic else None
+                               timing=(timing, speedup_tolerance),
+                               executor=(executor, ray_address)) if dynamic else None
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
                                suspicious_speedup, None if no_cache else cache_dir,
                                benchmark.value if benchmark else None, policy=policy,
@@ -258,11 +266,12 @@ def _dynamic_options(device: str, problem: Path | None, problems_root: Path | No
                      tolerance: str | None, atol: float | None, rtol: float | None,
                      timeout: float, *, scales: str, jobs: int | None, artifacts: Path | None,
                      memory_limit: str | None, sandbox: SandboxMode = SandboxMode.auto,
-                     build_cache: str | None = None, timing: tuple[str, float] = ("auto", 1.5)):
+                     build_cache: str | None = None, timing: tuple[str, float] = ("auto", 1.5),
+                     executor: tuple[ExecutorKind, str | None] = (ExecutorKind.local, None)):
     """`scan --dynamic`'s options, checked before anything is scanned: a bad one is a usage
     error."""
     from kaudit.dynamic import tolerance as tolerances
-    from kaudit.dynamic.options import DynamicOptions, TimingSettings
+    from kaudit.dynamic.options import DynamicOptions, TimingSettings, ray_missing
 
     if problem is not None and not problem.is_file():
         _usage_error(f"--problem: not a file: {problem}")
@@ -270,6 +279,11 @@ def _dynamic_options(device: str, problem: Path | None, problems_root: Path | No
         _usage_error(f"--problems: not a folder: {problems_root}")
     if artifacts is not None and artifacts.exists() and not artifacts.is_dir():
         _usage_error(f"--artifacts: not a folder: {artifacts}")
+    kind, ray_address = executor
+    if ray_address is not None and kind is not ExecutorKind.ray:
+        _usage_error("--ray-address needs --executor ray")
+    if kind is ExecutorKind.ray and ray_missing():
+        _usage_error(ray_missing())
     try:
         from kaudit.dynamic.limits import parse_memory_limit
         from kaudit.dynamic.problems_cli import parse_scales
@@ -288,7 +302,7 @@ def _dynamic_options(device: str, problem: Path | None, problems_root: Path | No
                           artifacts_dir=str(artifacts) if artifacts else None,
                           memory_limit=memory, sandbox=sandbox.value, timing=timing_settings,
                           benchmark_checks=tolerance is None and atol is None and rtol is None,
-                          **builds)
+                          executor=kind.value, ray_address=ray_address, **builds)
 
 
 def _shown(report: Report, output_format: OutputFormat, shown_from: Level | None) -> Report:

@@ -26,7 +26,8 @@ For every kernel file the static scan read, this module (in the kaudit process):
 7. on CUDA, profiles a few calls of a kernel without errors and of its reference in a last job
    (`kaudit.dynamic.profiling`): KD601 (library share), KD602 (no GPU work), KD403 from the trace.
 
-Kernels run `DynamicOptions.jobs` at a time, on CUDA spread over the visible GPUs (`GpuSlots`).
+Kernels run on an executor (`kaudit.dynamic.executors`): here, `DynamicOptions.jobs` at a time, on
+CUDA spread over the visible GPUs (`GpuSlots`), or one Ray task each (`audit_entry` on the node).
 
 Findings point at `ModelNew.forward` in the kernel file and carry `pass_ = "dynamic"`.
 """
@@ -42,10 +43,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kaudit.discover import WorkItem, display_path
 from kaudit.dynamic import adapted, scratch
@@ -190,11 +190,13 @@ def forward_location(path: str, text: str) -> Location:
 
 def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
                 on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None = None,
-                cache: DynamicCache | None = None) -> list[KernelRun]:
-    """Run every kernel among `items`, `options.jobs` at a time (on CUDA spread over the visible
-    GPUs); `on_kernel(done, total, item, run, seconds)` after each. A kernel held in a JSONL
-    record runs from a temporary `kernel.py`, next to its record's `ref_code` as `problem.py`
-    when it has one. With `cache`, a kernel whose result it holds (same kernel, problem, options
+                cache: DynamicCache | None = None, executor: Executor | None = None
+                ) -> list[KernelRun]:
+    """Run every kernel among `items` on `executor` (default: this machine, `options.jobs` at a
+    time, on CUDA spread over the visible GPUs); `on_kernel(done, total, item, run, seconds)`
+    after each, in this process. A kernel held in a JSONL record runs from a temporary
+    `kernel.py`, next to its record's `ref_code` as `problem.py` when it has one. With `cache`
+    (read and written only here), a kernel whose result it holds (same kernel, problem, options
     and environment) is not run again, and each new result is stored the moment it ends. Runs
     come back in the order of `items`."""
     work = []
@@ -208,51 +210,74 @@ def audit_items(items: Iterable[WorkItem], options: DynamicOptions, device: str,
             continue
         if "ModelNew" in text or adapted.wrapped(item):
             work.append((item, text, None))
-    builds = BuildCache(options.extensions_dir)
-    try:
-        return _audit_work(work, options, device, builds, on_kernel, cache)
-    finally:
-        builds.close()
+    if executor is None:
+        from kaudit.dynamic.executors import LocalExecutor  # the executors build on this module
+
+        executor = LocalExecutor(options)
+    return _audit_work(work, options, device, executor, on_kernel, cache)
+
+
+@dataclass(frozen=True)
+class KernelTask:
+    """One kernel to audit, as an executor receives it: picklable, with the texts the driver
+    read (a node without the same files runs these, `executors.placed`)."""
+
+    index: int
+    item: WorkItem
+    text: str
+    #: the text of its reference problem (`problem_text`), None without one or when wrapped
+    problem: str | None
+
+
+class Executor(Protocol):
+    """Where kernels' audits run (`kaudit.dynamic.executors`)."""
+
+    def audit(self, tasks: list[KernelTask], device: str,
+              done: Callable[[KernelTask, KernelRun, float], None]) -> None:
+        """Audit every task, calling `done(task, run, seconds)` in this process, one at a time,
+        as each ends. Raises SandboxError and InstallationChanged."""
 
 
 def _audit_work(work: list[tuple[WorkItem, str, OSError | None]], options: DynamicOptions,
-                device: str, builds: BuildCache,
+                device: str, executor: Executor,
                 on_kernel: Callable[[int, int, WorkItem, KernelRun, float], None] | None,
                 cache: DynamicCache | None) -> list[KernelRun]:
-    slots = GpuSlots(options.jobs) if device == "cuda" else None
-    done = [0]
-    lock = threading.Lock()
+    runs: list[KernelRun | None] = [None] * len(work)
+    keys: dict[int, str] = {}
+    pending: list[KernelTask] = []
+    done = 0
 
-    def one(entry: tuple[WorkItem, str, OSError | None]) -> KernelRun:
-        item, text, unreadable = entry
+    def finished(task: KernelTask, run: KernelRun, seconds: float) -> None:
+        nonlocal done
+        if cache and task.index in keys and not run.cached:
+            cache.put(keys[task.index], run)
+        runs[task.index] = run
+        done += 1
+        if on_kernel:
+            on_kernel(done, len(work), task.item, run, seconds)
+
+    for index, (item, text, unreadable) in enumerate(work):
         started = time.monotonic()
-        key = cache.key(item.display, text, problem_text(item, options)) \
-            if cache and unreadable is None and not adapted.wrapped(item) else None
-        run = cache.get(key) if cache and key else None
-        if run is None:
-            run = incomplete(item.display, text, unreadable) if unreadable else \
-                _audit_entry(item, text, options, device, slots, builds)
-            if cache and key:
-                cache.put(key, run)
-        with lock:
-            done[0] += 1
-            if on_kernel:
-                on_kernel(done[0], len(work), item, run, time.monotonic() - started)
-        return run
-
-    if options.jobs <= 1 or len(work) <= 1:
-        return [one(entry) for entry in work]
-    pool = ThreadPoolExecutor(max_workers=options.jobs)
-    try:
-        return list(pool.map(one, work))
-    except BaseException:  # interrupted: the kernels not started yet are not started
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        pool.shutdown(wait=True)
+        wrapped = adapted.wrapped(item)
+        problem = problem_text(item, options) if unreadable is None and not wrapped else None
+        task = KernelTask(index, item, text, problem)
+        if unreadable is not None:
+            finished(task, incomplete(item.display, text, unreadable), 0.0)
+            continue
+        if cache and not wrapped:
+            keys[index] = cache.key(item.display, text, problem)
+            run = cache.get(keys[index])
+            if run is not None:
+                finished(task, run, time.monotonic() - started)
+                continue
+        pending.append(task)
+    executor.audit(pending, device, finished)
+    return [run if run is not None else
+            incomplete(item.display, text, RuntimeError("the executor returned no result"))
+            for run, (item, text, _) in zip(runs, work, strict=True)]
 
 
-def _audit_entry(item: WorkItem, text: str, options: DynamicOptions, device: str,
+def audit_entry(item: WorkItem, text: str, options: DynamicOptions, device: str,
                  slots: GpuSlots | None, builds: BuildCache) -> KernelRun:
     """One kernel of a scan. Anything that stops its audit (a record that cannot be written out,
     an error in kaudit) is a KD504 finding for this kernel; the scan goes on."""

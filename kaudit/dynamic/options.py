@@ -16,6 +16,9 @@ DEFAULT_SCALES = (1e-3, 1.0, 1e3)
 SANDBOX_MODES = ("auto", "on", "off")
 TIMING_MODES = ("auto", "on", "off", "kernelbench")
 DEFAULT_SPEEDUP_TOLERANCE = 1.5
+#: where each kernel's audit runs (`kaudit.dynamic.executors`)
+EXECUTORS = ("local", "ray")
+RAY_MISSING = "--executor ray needs Ray, which is not installed: pip install 'kaudit[ray]'"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ class DynamicOptions:
     benchmark_checks: bool = True
     #: the scan's policy (`kaudit.config.POLICIES`): KD601's level under the profiler
     policy: str = "kernelbench"
+    #: where each kernel's audit runs: "local" (this machine, `jobs` at a time) or "ray" (one
+    #: Ray task per kernel, on the cluster at `ray_address`; None: a new local cluster)
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerance, Tolerance):
@@ -85,6 +92,8 @@ class DynamicOptions:
             object.__setattr__(self, "tolerance", resolve(self.tolerance, None, None))
         if self.sandbox not in SANDBOX_MODES:
             raise ValueError(f"sandbox: {self.sandbox!r} is not one of {', '.join(SANDBOX_MODES)}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor: {self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.jobs < 1 or self.timeout <= 0:
             raise ValueError("jobs must be at least 1 and timeout positive")
 
@@ -96,6 +105,13 @@ class DynamicOptions:
         return repr((tolerance, self.init_seed, tuple(self.seeds), tuple(self.scales),
                      self.timeout, self.memory_limit, tuple(self.calls), self.artifacts_dir,
                      self.timing, self.benchmark_checks, self.policy))
+
+
+def ray_missing() -> str | None:
+    """Why `--executor ray` cannot run here (Ray not installed), or None."""
+    import importlib.util
+
+    return RAY_MISSING if importlib.util.find_spec("ray") is None else None
 
 
 def _default_build_cache() -> str:

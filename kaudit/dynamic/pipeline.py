@@ -3,8 +3,10 @@ kernels the static pass read, run against their reference problems (`kernels.aud
 kernel's findings handed back the moment it ends, named and fingerprinted like static ones and
 marked against the baseline. `kaudit.api` judges the verdicts once, from both passes.
 
-Around the jobs, `selfcheck.jobs_guarded`: the sandbox mode set and checked, stale temporary
-folders removed, kaudit's own code fingerprinted before the first job and checked after the last."""
+The kernels run on `options.executor` (`kaudit.dynamic.executors`: this machine, or a Ray
+cluster), which also chooses the device and guards the jobs (`selfcheck.jobs_guarded`: the
+sandbox mode set and checked, stale temporary folders removed, kaudit's own code fingerprinted
+before the first job and checked after the last). The result cache is read and written here."""
 
 from __future__ import annotations
 
@@ -15,14 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kaudit.baseline import mark_findings
-from kaudit.config import Config, ConfigError
+from kaudit.config import Config
 from kaudit.discover import WorkItem
 from kaudit.dynamic import acceptance
+from kaudit.dynamic.executors import executor_for
 from kaudit.dynamic.kernels import KernelRun, audit_items
 from kaudit.dynamic.options import DynamicOptions
-from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.result_cache import DynamicCache
-from kaudit.dynamic.selfcheck import jobs_guarded
 from kaudit.dynamic.timing import check_claims
 from kaudit.findings import Finding, assign_fingerprints
 from kaudit.results import BaselineTimings
@@ -52,32 +53,34 @@ def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
              ) -> DynamicPass:
     """Run the kernels among `items` (the static pass's scanned items, one per file);
     `on_kernel(done, total, item, findings, run, seconds)` when each ends, with its reported findings.
-    Raises ConfigError for an unusable device, SandboxError and InstallationChanged."""
-    try:
-        device = resolve_device(options.device)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    result = DynamicPass(device)
+    Raises ConfigError for an unusable device or executor (`--executor ray` without Ray, or
+    without a GPU in the cluster for a CUDA run), SandboxError and InstallationChanged."""
     if options.policy != config.policy:  # KD601's level follows the scan's policy
         options = dataclasses.replace(options, policy=config.policy)
-    cache = _open_cache(config, options, device, result.warnings)
-    timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings else None
+    with executor_for(options) as executor:
+        device = executor.device()
+        result = DynamicPass(device)
+        cache = _open_cache(config, options, device, result.warnings)
+        timings = BaselineTimings.load(config.baseline_timings) if config.baseline_timings \
+            else None
 
-    def finished(done: int, total: int, item: WorkItem, run: KernelRun, seconds: float) -> None:
-        check_claims([item], [run], timings, options.timing.speedup_tolerance)  # KD701
-        findings = _reported(item, run, config, baseline)
-        result.findings[item.key] = findings
-        if on_kernel is not None:
-            on_kernel(done, total, item, findings, run, seconds)
+        def finished(done: int, total: int, item: WorkItem, run: KernelRun,
+                     seconds: float) -> None:
+            check_claims([item], [run], timings, options.timing.speedup_tolerance)  # KD701
+            findings = _reported(item, run, config, baseline)
+            result.findings[item.key] = findings
+            if on_kernel is not None:
+                on_kernel(done, total, item, findings, run, seconds)
 
-    try:
-        with jobs_guarded(options.sandbox):
-            result.runs = audit_items(items, options, device, finished, cache)
-    finally:
-        if cache is not None:
-            cache.close()
-            if cache.warning:
-                result.warnings.append(cache.warning)
+        try:
+            with executor.guarded():
+                result.runs = audit_items(items, options, device, finished, cache, executor)
+        finally:
+            result.warnings.extend(executor.warnings)
+            if cache is not None:
+                cache.close()
+                if cache.warning:
+                    result.warnings.append(cache.warning)
     return result
 
 
