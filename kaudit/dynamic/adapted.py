@@ -207,14 +207,20 @@ class ModelNew(nn.Module):
 '''
 
 
+def benchmark_check(spec: ProblemSpec):
+    """The benchmark's own check of this problem: its preset, with the task's own thresholds
+    where it has them (KernelBenchX's `precision_thresholds`)."""
+    from kaudit.dynamic.tolerance import PRESETS
+
+    return PRESETS[spec.tolerance].with_precision_thresholds(spec.thresholds)
+
+
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """A wrapped submission, ready for `kernels.audit_kernel`."""
 
     kernel: str
     problem: str
-    #: the preset of the benchmark's own check
-    tolerance: str
 
 
 def wrapped(item: WorkItem) -> bool:
@@ -242,7 +248,7 @@ def prepare(item: WorkItem, text: str, folder: Path) -> Prepared | str:
     else:
         _write(kernel_dir, "candidate", without_fences(submission_part(text)))
         _write(kernel_dir, "kernel", _COMMON + _KBX_KERNEL.format(names=json.dumps(list(names))))
-    return Prepared(str(kernel_dir / "kernel.py"), str(problem), spec.tolerance)
+    return Prepared(str(kernel_dir / "kernel.py"), str(problem))
 
 
 def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Path | str:
@@ -349,8 +355,8 @@ def audit(item: WorkItem, text: str, options, device: str, *, gpu=None, builds=N
     from kaudit.dynamic import scratch
     from kaudit.dynamic.judge import Adder
     from kaudit.dynamic.kernels import KernelRun, audit_kernel
-    from kaudit.dynamic.tolerance import PRESETS
 
+    spec = item.submission.spec
     where = entry_location(item.display, text, item.submission.entry.names)
     folder = scratch.folder()
     try:
@@ -360,7 +366,7 @@ def audit(item: WorkItem, text: str, options, device: str, *, gpu=None, builds=N
             Adder(run, where)("KD502", f"not run: {prepared}", reason=prepared)
             return run
         if options.benchmark_checks:
-            options = dataclasses.replace(options, tolerance=PRESETS[prepared.tolerance])
+            options = dataclasses.replace(options, tolerance=benchmark_check(spec))
         run = audit_kernel(prepared.kernel, item.display, text, options, device,
                            reference=prepared.problem, gpu=gpu, builds=builds)
     finally:

@@ -30,11 +30,16 @@ from typing import Any
 from kaudit import __version__
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import scratch
-from kaudit.dynamic.adapted import BenchmarkProblem, find_problems, write_problem
+from kaudit.dynamic.adapted import (
+    BenchmarkProblem,
+    benchmark_check,
+    find_problems,
+    write_problem,
+)
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
-from kaudit.dynamic.tolerance import PRESETS, Tolerance
+from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
 from kaudit.rule import rule_by_code
 from kaudit.source import split_lines
@@ -266,7 +271,7 @@ def audit_problems(paths: Iterable[str], options: Options,
                                         status="failed", error=wrapper)
                 _Finder(problem)("KP501", f"the problem could not be run: {wrapper}")
                 return problem
-            chosen = dataclasses.replace(options, tolerance=PRESETS[file.spec.tolerance]) \
+            chosen = dataclasses.replace(options, tolerance=benchmark_check(file.spec)) \
                 if options.benchmark_checks else options
             return run(str(wrapper), file.file, (where.line, model_line(file.file)[1]), chosen)
         finally:
