@@ -1,7 +1,8 @@
 """`scan --dynamic` on other benchmarks' layouts (`kaudit.dynamic.adapted`), on the CPU: the
 fixtures of fixtures/benchmarks/dynamic/ (plain PyTorch, each benchmark's own shape) run through
-their wrappers, with their benchmark's check, and give the findings their kernels deserve; a
-FastKernels submission, whose inputs kaudit cannot make, is a KD502 note saying why."""
+their wrappers, with their benchmark's check, and give the findings their kernels deserve
+(FastKernels candidates on the inputs of their capture reports); a submission whose problem
+cannot be built is a KD502 note saying why."""
 
 from __future__ import annotations
 
@@ -70,11 +71,34 @@ def test_cuda_l1_records_run_from_their_ref_code(runs):
     assert [f.rule for f in mutating.findings] == ["KD402"]
 
 
-def test_fastkernels_without_captured_inputs_is_a_note(runs):
-    run = runs["fastkernels/set/L1/gelu.py"]
-    assert run.status == "no-problem"
-    (note,) = run.findings
-    assert note.rule == "KD502" and "captured model runs" in note.message
+def test_fastkernels_candidate_runs_on_its_smallest_captured_case(runs):
+    """The Triton candidate of the toy checkout runs under the interpreter on the smallest of
+    its captured cases, its init rebuilt from the recipe (a dataclass of the package), with the
+    baseline's weights, judged by FastKernels' check."""
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    honest = runs["dynamic/fastkernels/fastkernels/tasks/candidate/L1/rms_norm.py"]
+    assert (honest.status, findings(honest)) == ("ok", []), honest.findings
+    assert honest.metrics["tolerance"] == "fastkernels" and honest.metrics["benchmark_accepts"]
+    assert honest.metrics["size"] == "x=[4, 96] float32, residual=None"
+    assert honest.problem.endswith("tasks/baseline/L1/rms_norm.py")
+
+
+def test_fastkernels_slack_on_captured_inputs(runs):
+    """One column in 256 zeroed: FastKernels' 99 % rule accepts it, kaudit does not (KD203)."""
+    slack = runs["dynamic/fastkernels/fastkernels/tasks/candidate/L1/silu_mul.py"]
+    (finding,) = slack.findings
+    assert (finding.rule, finding.line, finding.level.value) == ("KD203", 5, "error")
+    assert finding.metrics["outside"] == 8 and finding.metrics["numel"] == 8 * 256
+
+
+def test_fastkernels_without_buildable_captured_inputs_is_a_note(runs):
+    handle = runs["dynamic/fastkernels/fastkernels/tasks/candidate/L1/all_reduce.py"]
+    (note,) = handle.findings
+    assert (handle.status, note.rule) == ("no-problem", "KD502")
+    assert "its init holds a runtime handle (ProcessGroup)" in note.message
+    lone = runs["fastkernels/set/L1/gelu.py"]  # a results set without its checkout
+    (note,) = lone.findings
+    assert note.rule == "KD502" and "baseline of L1/gelu was not found" in note.message
 
 
 def test_smallest_size_and_input_names():

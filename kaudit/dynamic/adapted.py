@@ -17,8 +17,9 @@ copy of the code it wraps (the candidate's job sees only its own folder and the 
 - CUDA-L1: the record's `ref_code` and `custom_code` as they are (KernelBench's shape).
 
 Tensors that the benchmark's code creates on `device="cuda"` while building inputs land on the
-CPU in a CPU run. FastKernels problems take their inputs from captured model runs, which are not
-read: such a submission gets a KD502 note saying so. Each wrapper file is self-contained
+CPU in a CPU run. FastKernels problems take their module and inputs from a captured case
+(`kaudit.dynamic.adapted_fastkernels`); without a capture report such a submission gets a KD502
+note saying where reports were looked for. Each wrapper file is self-contained
 (the jobs load it without kaudit). Adapted problems are judged by their benchmark's own check
 (`ProblemSpec.tolerance`) unless the scan chose one (`--tolerance`, `--atol`/`--rtol`).
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 from kaudit.adapters.kernelbenchx import submission_part, test_part, without_fences
 from kaudit.adapters.model import ProblemSpec, Size
 from kaudit.discover import WorkItem
+from kaudit.dynamic import adapted_fastkernels as fastkernels
 
 #: benchmarks whose submissions run through a wrapper (KernelBench's run as they are)
 WRAPPED = ("atrex", "kernelbenchx", "cuda-l1", "fastkernels")
@@ -240,6 +242,8 @@ def prepare(item: WorkItem, text: str, folder: Path) -> Prepared | str:
     kernel_dir.mkdir()
     if spec.benchmark == "cuda-l1":
         _write(kernel_dir, "kernel", text)
+    elif spec.benchmark == "fastkernels":
+        fastkernels.write_kernel(spec, item.file, text, _COMMON, kernel_dir)
     elif spec.benchmark == "atrex":
         _write(kernel_dir, "candidate", text)
         _write(kernel_dir, "kernel", _COMMON + _ATREX_KERNEL.format(
@@ -255,8 +259,7 @@ def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Pa
     """`folder/problem.py`, KernelBench's shape around the benchmark's problem (`names`: the
     entry points the benchmark accepts, which a KernelBenchX test may call), or why not."""
     if spec.benchmark == "fastkernels":
-        return ("its FastKernels problem takes its inputs from captured model runs, which "
-                "kaudit does not read yet")
+        return fastkernels.why_not(spec) or fastkernels.write_problem(spec, _COMMON, folder)
     if spec.reference is None:
         return f"no reference for {spec.benchmark} task {spec.task} (its problem was not found)"
     reference = _text(spec.reference)
@@ -374,6 +377,8 @@ def audit(item: WorkItem, text: str, options, device: str, *, gpu=None, builds=N
     run.problem = item.submission.spec.reference.path if item.submission.spec.reference \
         else run.problem
     run.metrics["tolerance"] = options.tolerance.name
+    if spec.sizes:
+        run.metrics["size"] = _size(spec).id
     run.findings = [dataclasses.replace(f, location=where) if f.location.line == 1 else f
                     for f in run.findings]
     return run
