@@ -56,6 +56,24 @@ def test_kernelbenchx_function_runs_with_the_arguments_of_its_test(runs):
     assert unwritten.metrics["numel"] == 32 * 48 and unwritten.metrics["unwritten"] == 48
 
 
+def test_kernelbenchx_kernel_is_checked_at_the_sizes_it_is_timed_at(runs):
+    """The checkout's timing template (metrics/golden_metrics/softplus_perf.py) times 2^12 to
+    2^23 elements; within the CPU budget (16 MiB an input) the smallest, the middle and the
+    largest run. A grid capped at 256 programs of 1024 is right at the test's 32x48 and wrong
+    at 2^22 elements (KD302, a warning); the honest kernel is right at all three."""
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    honest = runs["dynamic/kernelbenchx/submissions/softplus.py"]
+    assert honest.metrics["timed_sweep"]["ran"] == [
+        "[4096] float32 (timed input 1 of 12)", "[131072] float32 (timed input 6 of 12)",
+        "[4194304] float32 (timed input 11 of 12)"]
+    capped = runs["dynamic/kernelbenchx/submissions_timed/softplus.py"]
+    (finding,) = capped.findings
+    assert (finding.rule, finding.line, finding.level.value) == ("KD302", 18, "warning")
+    assert finding.metrics["wrong_at"] == 1 and "[4194304] float32" in finding.message
+    assert finding.message.startswith("wrong at the sizes the benchmark times it at")
+    assert capped.metrics["benchmark_accepts"]  # its test's sizes pass KernelBenchX's check
+
+
 def test_kernelbenchx_triton_submission_runs_under_the_interpreter(runs):
     pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
     relu = runs["kernelbenchx/submissions/relu.py"]
