@@ -16,6 +16,14 @@ copy of the code it wraps (the candidate's job sees only its own folder and the 
   first cases are often fixed tensors of a few elements, the same for every seed);
 - CUDA-L1: the record's `ref_code` and `custom_code` as they are (KernelBench's shape).
 
+Where the KernelBenchX checkout has the task's timing template (`metrics/golden_metrics/
+<stem>_perf.py`), both wrappers carry it (`perf.py`) and the problem can be rebound to one of the
+inputs the benchmark times (`TIMED_SIZE`, `TIMED_BUDGET`: `kaudit.dynamic.shapes.timed_sweep`):
+the template's `performance_metrics` runs with its imports of the task bound to the reference's
+(or the submission's) functions and its `Performance_Metrics` base replaced by a stand-in; its
+input list records every input's size and keeps only the one asked for, and `call_op` is the
+call (`Model(name, keywords, timed)`).
+
 Tensors that the benchmark's code creates on `device="cuda"` while building inputs land on the
 CPU in a CPU run. FastKernels problems take their module and inputs from a captured case
 (`kaudit.dynamic.adapted_fastkernels`); without a capture report such a submission gets a KD502
@@ -423,8 +431,9 @@ def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Pa
         _write(folder, "test", test)
         _copy_utils(Path(spec.reference.file), folder)
         timing = _timing_part(spec, folder)
-        _write(folder, "problem", _COMMON + timing + (TIMED_MARKER if timing else "TIMED_SIZE = None")
-               + "\n" + _KBX_PROBLEM.format(names=json.dumps(list(names))))
+        marker = TIMED_MARKER if timing else "TIMED_SIZE = None"
+        _write(folder, "problem", _COMMON + timing + marker + "\n"
+               + _KBX_PROBLEM.format(names=json.dumps(list(names))))
     return folder / "problem.py"
 
 

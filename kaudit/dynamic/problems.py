@@ -30,12 +30,7 @@ from typing import Any
 from kaudit import __version__
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import scratch
-from kaudit.dynamic.adapted import (
-    BenchmarkProblem,
-    benchmark_check,
-    find_problems,
-    write_problem,
-)
+from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
