@@ -124,6 +124,10 @@ def test_kernelbenchx_precision_thresholds_replace_the_tolerance():
     assert not check.accepts(reference, quantized.double())  # the dtypes must match
     assert "relative L1 <= 0.05" in check.check_text("float32")
     assert check.to_dict()["precision_thresholds"]["cosine_sim"] == 0.95
+    assert check.summary("bfloat16") == {"preset": "kernelbenchx", "atol": 5e-3, "rtol": 5e-3,
+                                         "precision_thresholds": check.precision_thresholds}
+    assert PRESETS["kernelbenchx"].summary("float32") == {
+        "preset": "kernelbenchx", "atol": 1e-5, "rtol": 1e-5}
 
 
 def test_a_kernelbenchx_task_is_judged_by_its_precision_thresholds(tmp_path):

@@ -452,8 +452,8 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     problem.stats["numel"] = sum(c.numel for c in first)
     if sampled:
         problem.stats["sampled"] = sum(c.sample.numel() for c in first if c.sampled)
-    atol, rtol = options.tolerance.for_dtype(problem.dtypes[0])
-    problem.tolerance = {"preset": options.tolerance.name, "atol": atol, "rtol": rtol}
+    problem.tolerance = options.tolerance.summary(problem.dtypes[0])
+    atol, rtol = problem.tolerance["atol"], problem.tolerance["rtol"]
     described = _describe_tolerance(options.tolerance, problem.dtypes[0])
     count = len(outputs)
     components = range(len(first))

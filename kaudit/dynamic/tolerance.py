@@ -91,6 +91,15 @@ class Tolerance:
         share = f", {self.min_matched * 100:g} % of elements" if self.min_matched < 1.0 else ""
         return f"{self.name} {kind} (atol {atol:g}, rtol {rtol:g}{share})"
 
+    def summary(self, dtype: str) -> dict:
+        """The check applied to an output of `dtype`: {"preset", "atol", "rtol"}, and the
+        task's "precision_thresholds" when they replace atol and rtol."""
+        atol, rtol = self.for_dtype(dtype)
+        data = {"preset": self.name, "atol": atol, "rtol": rtol}
+        if self.precision_thresholds:
+            data["precision_thresholds"] = dict(self.precision_thresholds)
+        return data
+
     def _precision_text(self) -> str:
         limits = self.precision_thresholds
         return (f"cosine >= {limits['cosine_sim']:g}, relative L1 <= {limits['l1_relative']:g}, "
