@@ -129,6 +129,15 @@ def test_smallest_size_and_input_names():
     assert input_names("def (", "_make_inputs") == []
 
 
+def test_timed_sweep_in_the_scan_summary(runs):
+    from kaudit.dynamic.shapes import summary
+
+    swept = [runs[k] for k in ("dynamic/kernelbenchx/submissions/softplus.py",
+                               "dynamic/kernelbenchx/submissions_timed/softplus.py")]
+    assert summary(swept) == {"timed_sweep": {"kernels": 2, "wrong": 1, "inputs_run": 6}}
+    assert summary([runs["fastkernels/set/L1/gelu.py"]]) == {}
+
+
 def test_cli_scan_dynamic_on_an_adapted_layout():
     proc = kaudit("scan", str(DYNAMIC / "atrex" / "data" / "silu_mul_cached"), "--dynamic",
                   "--device", "cpu", "--no-cache", "--format", "json", cwd=ROOT)

@@ -118,6 +118,18 @@ def timed_sweep(add: Adder, metrics: dict, problem: str, reference_job: Job, pla
             timed_inputs=ran, wrong_at=len(wrong))
 
 
+def summary(runs: list) -> dict[str, Any]:
+    """For the scan's summary, when any kernel had a timed-size sweep: how many, the timed
+    inputs run, and the kernels wrong at one of them."""
+    swept = [r for r in runs if "timed_sweep" in r.metrics]
+    if not swept:
+        return {}
+    wrong = sum(any(f.rule == "KD302" and "timed_inputs" in f.metrics for f in r.findings)
+                for r in swept)
+    return {"timed_sweep": {"kernels": len(swept), "wrong": wrong, "inputs_run": sum(
+        len(r.metrics["timed_sweep"]["ran"]) for r in swept)}}
+
+
 def _sized_run(reference_job: Job, plain_job: Job, sizes: dict[str, Any],
                refusal: Any) -> tuple[str | None, str | None, str]:
     """The reference and a plain run of the kernel with `sizes` rebound in the problem module:
