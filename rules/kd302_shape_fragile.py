@@ -14,11 +14,25 @@ class ShapeFragile(DynamicRule):
     shapes or an output failing the scale-invariant check (KD201's limits) is reported, with the
     sizes in the message and `metrics`.
 
+    For a KernelBenchX submission whose checkout has the task's timing template
+    (`metrics/golden_metrics/<task>_perf.py`), the same two runs also take place at the sizes the
+    benchmark times the kernel at but never checks (its sweep of 2^12 to 2^27 elements): the
+    smallest, the middle and the largest of the template's inputs that fit the device's budget
+    (16 MiB an input on the CPU, 1 GiB on CUDA), called as the template calls the task's
+    function. A wrong answer there is reported under this code with its own message ("wrong at
+    the sizes the benchmark times it at"), the inputs in `metrics.timed_inputs`. It is the same
+    check (a plain run at sizes other than those checked, judged by the scale-invariant check),
+    with the same remedy (derive bounds and grids from the inputs), so it keeps the code and the
+    warning level of the shape sweep: the benchmark's own check passed, so the submission is not
+    rejected, but the speed it reports was measured on output that is wrong.
+
     ## Why is this bad?
     A kernel whose mask bound, row length or grid is a constant equal to the benchmark's size
     computes the operator at one shape only: any other input is read out of bounds or left
     unwritten. Benchmarks fix their sizes, so the result is not wrong for the benchmark (hence a
-    warning), but it is not the kernel that was asked for.
+    warning), but it is not the kernel that was asked for. A grid capped for the test's tensors
+    (KernelBenchX tests a few thousand elements and times up to 2^27) leaves most of a timed
+    output unwritten: the benchmark's speedup then times a kernel that skips the work.
 
     ## Example
     ```python

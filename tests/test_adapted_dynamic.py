@@ -1,7 +1,8 @@
 """`scan --dynamic` on other benchmarks' layouts (`kaudit.dynamic.adapted`), on the CPU: the
 fixtures of fixtures/benchmarks/dynamic/ (plain PyTorch, each benchmark's own shape) run through
-their wrappers, with their benchmark's check, and give the findings their kernels deserve; a
-FastKernels submission, whose inputs kaudit cannot make, is a KD502 note saying why."""
+their wrappers, with their benchmark's check, and give the findings their kernels deserve
+(FastKernels candidates on the inputs of their capture reports); a submission whose problem
+cannot be built is a KD502 note saying why."""
 
 from __future__ import annotations
 
@@ -55,6 +56,24 @@ def test_kernelbenchx_function_runs_with_the_arguments_of_its_test(runs):
     assert unwritten.metrics["numel"] == 32 * 48 and unwritten.metrics["unwritten"] == 48
 
 
+def test_kernelbenchx_kernel_is_checked_at_the_sizes_it_is_timed_at(runs):
+    """The checkout's timing template (metrics/golden_metrics/softplus_perf.py) times 2^12 to
+    2^23 elements; within the CPU budget (16 MiB an input) the smallest, the middle and the
+    largest run. A grid capped at 256 programs of 1024 is right at the test's 32x48 and wrong
+    at 2^22 elements (KD302, a warning); the honest kernel is right at all three."""
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    honest = runs["dynamic/kernelbenchx/submissions/softplus.py"]
+    assert honest.metrics["timed_sweep"]["ran"] == [
+        "[4096] float32 (timed input 1 of 12)", "[131072] float32 (timed input 6 of 12)",
+        "[4194304] float32 (timed input 11 of 12)"]
+    capped = runs["dynamic/kernelbenchx/submissions_timed/softplus.py"]
+    (finding,) = capped.findings
+    assert (finding.rule, finding.line, finding.level.value) == ("KD302", 18, "warning")
+    assert finding.metrics["wrong_at"] == 1 and "[4194304] float32" in finding.message
+    assert finding.message.startswith("wrong at the sizes the benchmark times it at")
+    assert capped.metrics["benchmark_accepts"]  # its test's sizes pass KernelBenchX's check
+
+
 def test_kernelbenchx_triton_submission_runs_under_the_interpreter(runs):
     pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
     relu = runs["kernelbenchx/submissions/relu.py"]
@@ -70,11 +89,34 @@ def test_cuda_l1_records_run_from_their_ref_code(runs):
     assert [f.rule for f in mutating.findings] == ["KD402"]
 
 
-def test_fastkernels_without_captured_inputs_is_a_note(runs):
-    run = runs["fastkernels/set/L1/gelu.py"]
-    assert run.status == "no-problem"
-    (note,) = run.findings
-    assert note.rule == "KD502" and "captured model runs" in note.message
+def test_fastkernels_candidate_runs_on_its_smallest_captured_case(runs):
+    """The Triton candidate of the toy checkout runs under the interpreter on the smallest of
+    its captured cases, its init rebuilt from the recipe (a dataclass of the package), with the
+    baseline's weights, judged by FastKernels' check."""
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    honest = runs["dynamic/fastkernels/fastkernels/tasks/candidate/L1/rms_norm.py"]
+    assert (honest.status, findings(honest)) == ("ok", []), honest.findings
+    assert honest.metrics["tolerance"] == "fastkernels" and honest.metrics["benchmark_accepts"]
+    assert honest.metrics["size"] == "x=[4, 96] float32, residual=None"
+    assert honest.problem.endswith("tasks/baseline/L1/rms_norm.py")
+
+
+def test_fastkernels_slack_on_captured_inputs(runs):
+    """One column in 256 zeroed: FastKernels' 99 % rule accepts it, kaudit does not (KD203)."""
+    slack = runs["dynamic/fastkernels/fastkernels/tasks/candidate/L1/silu_mul.py"]
+    (finding,) = slack.findings
+    assert (finding.rule, finding.line, finding.level.value) == ("KD203", 5, "error")
+    assert finding.metrics["outside"] == 8 and finding.metrics["numel"] == 8 * 256
+
+
+def test_fastkernels_without_buildable_captured_inputs_is_a_note(runs):
+    handle = runs["dynamic/fastkernels/fastkernels/tasks/candidate/L1/all_reduce.py"]
+    (note,) = handle.findings
+    assert (handle.status, note.rule) == ("no-problem", "KD502")
+    assert "its init holds a runtime handle (ProcessGroup)" in note.message
+    lone = runs["fastkernels/set/L1/gelu.py"]  # a results set without its checkout
+    (note,) = lone.findings
+    assert note.rule == "KD502" and "baseline of L1/gelu was not found" in note.message
 
 
 def test_smallest_size_and_input_names():
@@ -85,6 +127,15 @@ def test_smallest_size_and_input_names():
     assert input_names(source, "_make_inputs") == ["gate", "x"]
     assert input_names("def _make_inputs(n):\n    return make(n)\n", "_make_inputs") == []
     assert input_names("def (", "_make_inputs") == []
+
+
+def test_timed_sweep_in_the_scan_summary(runs):
+    from kaudit.dynamic.shapes import summary
+
+    swept = [runs[k] for k in ("dynamic/kernelbenchx/submissions/softplus.py",
+                               "dynamic/kernelbenchx/submissions_timed/softplus.py")]
+    assert summary(swept) == {"timed_sweep": {"kernels": 2, "wrong": 1, "inputs_run": 6}}
+    assert summary([runs["fastkernels/set/L1/gelu.py"]]) == {}
 
 
 def test_cli_scan_dynamic_on_an_adapted_layout():

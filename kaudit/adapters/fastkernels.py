@@ -16,6 +16,10 @@ Layouts recognised:
   per-shape records become the claim's cases, the geometric mean of the passed shapes' speedups
   its speedup; a failed status is a claim of incorrectness. A kernel takes the records of the
   nearest bench.json in a folder above it (`fastkernels bench --output` in a checkout).
+
+The problem's inputs come from the capture reports of a `captures/` folder in or above the
+kernel's folder, else `~/.fastkernels/captures` (`fastkernels_captures`): up to the benchmark's
+5 captured cases become the problem's sizes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kaudit.adapters import fastkernels_captures as captures
 from kaudit.adapters.common import Problems, find_upwards, number, sha256_matches
 from kaudit.adapters.model import INPUTS_CAPTURED, Candidate, Code, ProblemSpec, backend_of
 from kaudit.discover import WorkItem, display_path
@@ -84,6 +89,7 @@ class _Set:
 class _Adapter:
     def __init__(self, documents: list[str]) -> None:
         self.problems = Problems()
+        self.reports = captures.Reports(self.problems)
         self.sets: dict[Path, _Set | None] = {}
         self.benches: list[tuple[Path, dict[tuple[int, str], list[dict[str, Any]]]]] = []
         #: sets whose manifest the walk met: the whole set was scanned
@@ -157,11 +163,20 @@ class _Adapter:
         cases = self._cases(path, key)
         if cases:
             claim = _with_cases(claim, cases)
+        report, sizes, note = None, (), ""
+        for folder in captures.folders(path):
+            report, sizes, note = captures.sizes(self.reports.of(folder), level, stem,
+                                                 classes or (stem,))
+            if report is not None:
+                break
         spec = ProblemSpec(
             NAME, f"L{level}/{stem}",
             reference=Code(display_path(str(baseline)), str(baseline)) if baseline else None,
-            reference_name=classes[0] if classes else stem, inputs=INPUTS_CAPTURED,
-            tolerance="fastkernels")
+            reference_name=sizes[0].init_kwargs["class"] if sizes else
+            (classes[0] if classes else stem), inputs=INPUTS_CAPTURED,
+            inputs_code=Code(display_path(str(report)), str(report)) if report else None,
+            sizes=sizes, sizes_note=note, tolerance="fastkernels",
+            dtype=sizes[0].input_kwargs["dtype"] if sizes else None)
         submission = Submission(
             layout, run, level, task=f"L{level}/{stem}", benchmark=NAME, claim=claim,
             reference=spec.reference.path if spec.reference else None, spec=spec,

@@ -76,8 +76,10 @@ class ProblemSpec:
     inputs: str = INPUTS_GET_INPUTS
     inputs_code: Code | None = None
     inputs_name: str | None = None
-    #: the sizes the benchmark checks (Atrex-Bench's shapes.json)
+    #: the sizes the benchmark checks (Atrex-Bench's shapes.json, FastKernels' captured cases)
     sizes: tuple[Size, ...] = ()
+    #: why no size could be made, when the benchmark's inputs were found but cannot be built
+    sizes_note: str = ""
     #: the code that times the candidate at its own sizes, when the benchmark has one
     #: (KernelBenchX's metrics/golden_metrics/<stem>_perf.py)
     timing: Code | None = None
@@ -108,6 +110,7 @@ class ProblemSpec:
             "inputs_name": self.inputs_name,
             "sizes": [{"id": s.id, "init_kwargs": s.init_kwargs, "input_kwargs": s.input_kwargs}
                       for s in self.sizes],
+            "sizes_note": self.sizes_note,
             "timing": self.timing.to_dict() if self.timing else None,
             "dtype": self.dtype, "tolerance": self.tolerance, "thresholds": self.thresholds,
             "roofline": self.roofline,

@@ -16,9 +16,18 @@ copy of the code it wraps (the candidate's job sees only its own folder and the 
   first cases are often fixed tensors of a few elements, the same for every seed);
 - CUDA-L1: the record's `ref_code` and `custom_code` as they are (KernelBench's shape).
 
+Where the KernelBenchX checkout has the task's timing template (`metrics/golden_metrics/
+<stem>_perf.py`), both wrappers carry it (`perf.py`) and the problem can be rebound to one of the
+inputs the benchmark times (`TIMED_SIZE`, `TIMED_BUDGET`: `kaudit.dynamic.shapes.timed_sweep`):
+the template's `performance_metrics` runs with its imports of the task bound to the reference's
+(or the submission's) functions and its `Performance_Metrics` base replaced by a stand-in; its
+input list records every input's size and keeps only the one asked for, and `call_op` is the
+call (`Model(name, keywords, timed)`).
+
 Tensors that the benchmark's code creates on `device="cuda"` while building inputs land on the
-CPU in a CPU run. FastKernels problems take their inputs from captured model runs, which are not
-read: such a submission gets a KD502 note saying so. Each wrapper file is self-contained
+CPU in a CPU run. FastKernels problems take their module and inputs from a captured case
+(`kaudit.dynamic.adapted_fastkernels`); without a capture report such a submission gets a KD502
+note saying where reports were looked for. Each wrapper file is self-contained
 (the jobs load it without kaudit). Adapted problems are judged by their benchmark's own check
 (`ProblemSpec.tolerance`) unless the scan chose one (`--tolerance`, `--atol`/`--rtol`).
 """
@@ -35,6 +44,8 @@ from pathlib import Path
 from kaudit.adapters.kernelbenchx import submission_part, test_part, without_fences
 from kaudit.adapters.model import ProblemSpec, Size
 from kaudit.discover import WorkItem
+from kaudit.dynamic import adapted_fastkernels as fastkernels
+from kaudit.dynamic.shapes import TIMED_MARKER
 
 #: benchmarks whose submissions run through a wrapper (KernelBench's run as they are)
 WRAPPED = ("atrex", "kernelbenchx", "cuda-l1", "fastkernels")
@@ -123,6 +134,108 @@ class ModelNew(nn.Module):
         return _split_call(self.inner, values, NAMES)
 '''
 
+
+_TIMED_HELPERS = '''
+import re
+
+TIMED_BUDGET = 0
+
+
+class _PerfBase:
+    """What the timing template's `Performance_Metrics` base gives its subclass."""
+
+    def __init__(self, op_name, dtype=None, is_backward=False, **kwargs):
+        self.op_name, self.dtype, self.kwargs = op_name, dtype, kwargs
+        self.input_tensors = []
+
+
+class _Enough(Exception):
+    """The timed input asked for is made: the larger ones are not."""
+
+
+def _shown(value):
+    if isinstance(value, torch.Tensor):
+        return str(list(value.shape)) + " " + str(value.dtype).replace("torch.", "")
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_shown(v) for v in value) + ")"
+    return repr(value)
+
+
+def _nbytes(value):
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class _Inputs(list):
+    """The template's list of timed inputs: each one's bytes and description recorded, only the
+    one at `keep` kept."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep, self.sizes, self.shown, self.kinds = keep, [], [], []
+
+    def append(self, value):
+        self.sizes.append(_nbytes(value))
+        self.shown.append(_shown(value))
+        self.kinds.append("tuple" if isinstance(value, tuple) else
+                          "list" if isinstance(value, list) else "value")
+        if self.keep == len(self.sizes) - 1:
+            super().append(value)
+            raise _Enough()
+
+
+def _timing(function):
+    """An instance of the timing template's `performance_metrics` (its `perf.py` beside this
+    file), its imports of the task's code bound to `function(name)`; its `input_tensors` an
+    `_Inputs` list keeping the input at its `keep` index."""
+    path = os.path.join(_HERE, "perf.py")
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().split("\\n")
+    namespace = {"__name__": "_timing", "__file__": path, "Performance_Metrics": _PerfBase,
+                 "do_bench_config": object}
+    for number, line in enumerate(lines):
+        found = re.match(r"(\\s*)from (kernelbenchx\\.[\\w.]+|performance_utils) import (.+)$",
+                         line)
+        if found:
+            lines[number] = found.group(1) + "pass"
+            if found.group(2) != "performance_utils":
+                for part in found.group(3).strip("() ").split(","):
+                    name, _, alias = part.strip().partition(" as ")
+                    namespace[(alias or name).strip()] = function(name.strip())
+    exec(compile("\\n".join(lines), path, "exec"), namespace)
+
+    class Timed(namespace["performance_metrics"]):
+        keep = None
+
+        @property
+        def input_tensors(self):
+            return self.__dict__["_inputs"]
+
+        @input_tensors.setter
+        def input_tensors(self, values):
+            self.__dict__["_inputs"] = _Inputs(self.keep)
+            for value in values:
+                self.__dict__["_inputs"].append(value)
+
+    return Timed()
+
+
+def _timed_inputs(perf, keep):
+    perf.keep = keep
+    try:
+        perf.get_input_tensors()
+    except _Enough:
+        pass
+    return perf.input_tensors
+
+
+def _pack(values, kind):
+    return tuple(values) if kind == "tuple" else list(values) if kind == "list" else values[0]
+'''
+
 _KBX_PROBLEM = '''
 _reference = _load("reference")
 NAMES = json.loads({names!r})
@@ -169,20 +282,49 @@ def _largest_call():
 
 
 class Model(nn.Module):
-    def __init__(self, name, keywords):
+    def __init__(self, name, keywords, timed=None):
         super().__init__()
-        self.name, self.keywords = name, list(keywords)
+        self.name, self.keywords, self.timed = name, list(keywords), timed
+        self.perf = _timing(lambda n: getattr(_reference, n)) if timed else None
 
     def forward(self, *values):
+        if self.perf is not None:  # called as the timing template calls the task's function
+            return self.perf.call_op(_pack(values, self.timed["kind"]))
         return _split_call(getattr(_reference, self.name), values, self.keywords)
 
 
+_CHOSEN = []
+
+
+def _timed_choice():
+    """(index, description, kind) of the timed input TIMED_SIZE picks: 0, 1, 2 for the smallest,
+    the middle and the largest of the template's inputs that fit in TIMED_BUDGET bytes."""
+    if not _CHOSEN:
+        made = _timed_inputs(_timing(lambda n: getattr(_reference, n)), None)
+        fits = [i for i, size in enumerate(made.sizes) if size <= TIMED_BUDGET]
+        picks = list(dict.fromkeys([fits[0], fits[len(fits) // 2], fits[-1]])) if fits else []
+        if TIMED_SIZE >= len(picks):
+            raise RuntimeError("only {{}} of the {{}} timed inputs fit in {{}} bytes".format(
+                len(fits), len(made.sizes), TIMED_BUDGET))
+        index = picks[TIMED_SIZE]
+        _CHOSEN.append((index, "{{}} (timed input {{}} of {{}})".format(
+            made.shown[index], index + 1, len(made.sizes)), made.kinds[index]))
+    return _CHOSEN[0]
+
+
 def get_inputs():
+    if TIMED_SIZE is not None:
+        index, _, kind = _timed_choice()
+        (value,) = _timed_inputs(_timing(lambda n: getattr(_reference, n)), index)
+        return list(value) if kind != "value" else [value]
     _, args, kwargs = _largest_call()
     return [*args, *(kwargs[key] for key in sorted(kwargs))]
 
 
 def get_init_inputs():
+    if TIMED_SIZE is not None:
+        _, shown, kind = _timed_choice()
+        return [NAMES[0], [], {{"kind": kind, "input": shown}}]
     name, _, kwargs = _largest_call()
     return [name, sorted(kwargs)]
 '''
@@ -193,18 +335,30 @@ NAMES = json.loads({names!r})
 
 
 class ModelNew(nn.Module):
-    def __init__(self, name, keywords):
+    def __init__(self, name, keywords, timed=None):
         super().__init__()
-        self.keywords = list(keywords)
+        self.keywords, self.timed = list(keywords), timed
         found = [n for n in [name, *NAMES] if callable(getattr(_candidate, n, None))]
         if not found:
             raise ImportError("the submission defines none of " + ", ".join([name, *NAMES]))
         entry = getattr(_candidate, found[0])
         self.entry = entry() if isinstance(entry, type) else entry
+        # the timing template imports the task's names from the submission
+        self.perf = _timing(lambda n: getattr(_candidate, n, entry)) if timed else None
 
     def forward(self, *values):
+        if self.perf is not None:
+            return self.perf.call_op(_pack(values, self.timed["kind"]))
         return _split_call(self.entry, values, self.keywords)
 '''
+
+
+def benchmark_check(spec: ProblemSpec):
+    """The benchmark's own check of this problem: its preset, with the task's own thresholds
+    where it has them (KernelBenchX's `precision_thresholds`)."""
+    from kaudit.dynamic.tolerance import PRESETS
+
+    return PRESETS[spec.tolerance].with_precision_thresholds(spec.thresholds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +367,6 @@ class Prepared:
 
     kernel: str
     problem: str
-    #: the preset of the benchmark's own check
-    tolerance: str
 
 
 def wrapped(item: WorkItem) -> bool:
@@ -234,6 +386,8 @@ def prepare(item: WorkItem, text: str, folder: Path) -> Prepared | str:
     kernel_dir.mkdir()
     if spec.benchmark == "cuda-l1":
         _write(kernel_dir, "kernel", text)
+    elif spec.benchmark == "fastkernels":
+        fastkernels.write_kernel(spec, item.file, text, _COMMON, kernel_dir)
     elif spec.benchmark == "atrex":
         _write(kernel_dir, "candidate", text)
         _write(kernel_dir, "kernel", _COMMON + _ATREX_KERNEL.format(
@@ -241,16 +395,16 @@ def prepare(item: WorkItem, text: str, folder: Path) -> Prepared | str:
             entry=names[0]))
     else:
         _write(kernel_dir, "candidate", without_fences(submission_part(text)))
-        _write(kernel_dir, "kernel", _COMMON + _KBX_KERNEL.format(names=json.dumps(list(names))))
-    return Prepared(str(kernel_dir / "kernel.py"), str(problem), spec.tolerance)
+        _write(kernel_dir, "kernel", _COMMON + _timing_part(spec, kernel_dir)
+               + _KBX_KERNEL.format(names=json.dumps(list(names))))
+    return Prepared(str(kernel_dir / "kernel.py"), str(problem))
 
 
 def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Path | str:
     """`folder/problem.py`, KernelBench's shape around the benchmark's problem (`names`: the
     entry points the benchmark accepts, which a KernelBenchX test may call), or why not."""
     if spec.benchmark == "fastkernels":
-        return ("its FastKernels problem takes its inputs from captured model runs, which "
-                "kaudit does not read yet")
+        return fastkernels.why_not(spec) or fastkernels.write_problem(spec, _COMMON, folder)
     if spec.reference is None:
         return f"no reference for {spec.benchmark} task {spec.task} (its problem was not found)"
     reference = _text(spec.reference)
@@ -276,8 +430,21 @@ def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Pa
         _write(folder, "reference", submission_part(reference))
         _write(folder, "test", test)
         _copy_utils(Path(spec.reference.file), folder)
-        _write(folder, "problem", _COMMON + _KBX_PROBLEM.format(names=json.dumps(list(names))))
+        timing = _timing_part(spec, folder)
+        marker = TIMED_MARKER if timing else "TIMED_SIZE = None"
+        _write(folder, "problem", _COMMON + timing + marker + "\n"
+               + _KBX_PROBLEM.format(names=json.dumps(list(names))))
     return folder / "problem.py"
+
+
+def _timing_part(spec: ProblemSpec, folder: Path) -> str:
+    """The timing helpers, with the task's timing template copied to `folder/perf.py`, when the
+    checkout has one (`metrics/golden_metrics/<stem>_perf.py`); "" without."""
+    timing = _text(spec.timing) if spec.timing else None
+    if timing is None:
+        return ""
+    _write(folder, "perf", timing)
+    return _TIMED_HELPERS
 
 
 def _copy_utils(task_file: Path, folder: Path) -> None:
@@ -349,8 +516,8 @@ def audit(item: WorkItem, text: str, options, device: str, *, gpu=None, builds=N
     from kaudit.dynamic import scratch
     from kaudit.dynamic.judge import Adder
     from kaudit.dynamic.kernels import KernelRun, audit_kernel
-    from kaudit.dynamic.tolerance import PRESETS
 
+    spec = item.submission.spec
     where = entry_location(item.display, text, item.submission.entry.names)
     folder = scratch.folder()
     try:
@@ -360,7 +527,7 @@ def audit(item: WorkItem, text: str, options, device: str, *, gpu=None, builds=N
             Adder(run, where)("KD502", f"not run: {prepared}", reason=prepared)
             return run
         if options.benchmark_checks:
-            options = dataclasses.replace(options, tolerance=PRESETS[prepared.tolerance])
+            options = dataclasses.replace(options, tolerance=benchmark_check(spec))
         run = audit_kernel(prepared.kernel, item.display, text, options, device,
                            reference=prepared.problem, gpu=gpu, builds=builds)
     finally:
@@ -368,6 +535,8 @@ def audit(item: WorkItem, text: str, options, device: str, *, gpu=None, builds=N
     run.problem = item.submission.spec.reference.path if item.submission.spec.reference \
         else run.problem
     run.metrics["tolerance"] = options.tolerance.name
+    if spec.sizes:
+        run.metrics["size"] = _size(spec).id
     run.findings = [dataclasses.replace(f, location=where) if f.location.line == 1 else f
                     for f in run.findings]
     return run

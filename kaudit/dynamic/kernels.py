@@ -19,7 +19,7 @@ For every kernel file the static scan read, this module (in the kaudit process):
    run that disagrees (KD1xx-KD4xx); failures are KD501 (candidate) or KD503 (reference). An audit
    that could not complete (a full disk, an error in kaudit) is KD504, and the scan goes on.
 5. for a kernel without errors, re-runs reference and kernel with the problem's module-level sizes
-   perturbed (`kaudit.dynamic.shapes`, KD302);
+   perturbed, and at the sizes the benchmark times (`kaudit.dynamic.shapes`, KD302);
 6. with `--timing`, times a kernel without errors beside its reference in a fourth job
    (`kaudit.dynamic.timing`): the verdict's `measured`, and KD701 where a claimed speedup is not
    reproduced;
@@ -72,7 +72,7 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
 from kaudit.dynamic.profiling import attribute, profile_job
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
-from kaudit.dynamic.shapes import shape_sweep
+from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
 from kaudit.findings import Finding, Location
 
@@ -506,9 +506,11 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
             with run_job(plain) as result:
                 second_opinion(add, result, refs["a"], watched, options.tolerance)
             if not rejected(run):
-                shape_sweep(add, run.metrics, problem, Job(
-                    REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
-                    **limits), plain, os.path.getsize(reference_result.path("inputs_a.pt")))
+                reference_job = Job(REFERENCE_TARGET, common, env=env,
+                                    visible=(os.path.dirname(problem),), **limits)
+                shape_sweep(add, run.metrics, problem, reference_job, plain,
+                            os.path.getsize(reference_result.path("inputs_a.pt")))
+                timed_sweep(add, run.metrics, problem, reference_job, plain, device)
             if options.timing.enabled(device) and not rejected(run):
                 timed = {k: v for k, v in given.items()
                          if k in ("in/inputs_a.pt", "in/inputs_b.pt", "in/init.pt")}

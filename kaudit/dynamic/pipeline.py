@@ -19,7 +19,7 @@ from pathlib import Path
 from kaudit.baseline import mark_findings
 from kaudit.config import Config
 from kaudit.discover import WorkItem
-from kaudit.dynamic import acceptance
+from kaudit.dynamic import acceptance, shapes
 from kaudit.dynamic.executors import executor_for
 from kaudit.dynamic.kernels import KernelRun, audit_items
 from kaudit.dynamic.options import DynamicOptions
@@ -43,7 +43,8 @@ class DynamicPass:
     def summary(self) -> dict:
         return {"device": self.device, "kernels": len(self.runs),
                 "statuses": dict(Counter(run.status for run in self.runs)),
-                "cached": sum(run.cached for run in self.runs), **acceptance.summary(self.runs)}
+                "cached": sum(run.cached for run in self.runs), **acceptance.summary(self.runs),
+                **shapes.summary(self.runs)}
 
 
 def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,

@@ -30,11 +30,11 @@ from typing import Any
 from kaudit import __version__
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import scratch
-from kaudit.dynamic.adapted import BenchmarkProblem, find_problems, write_problem
+from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
 from kaudit.dynamic.sandbox import SandboxError
-from kaudit.dynamic.tolerance import PRESETS, Tolerance
+from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
 from kaudit.rule import rule_by_code
 from kaudit.source import split_lines
@@ -267,7 +267,7 @@ def audit_problems(paths: Iterable[str], options: Options,
                                         status="failed", error=wrapper)
                 _Finder(problem)("KP501", f"the problem could not be run: {wrapper}")
                 return problem
-            chosen = dataclasses.replace(options, tolerance=PRESETS[file.spec.tolerance]) \
+            chosen = dataclasses.replace(options, tolerance=benchmark_check(file.spec)) \
                 if options.benchmark_checks else options
             return run(str(wrapper), file.file, (where.line, model_line(file.file)[1]), chosen)
         finally:
@@ -453,8 +453,8 @@ def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest:
     problem.stats["numel"] = sum(c.numel for c in first)
     if sampled:
         problem.stats["sampled"] = sum(c.sample.numel() for c in first if c.sampled)
-    atol, rtol = options.tolerance.for_dtype(problem.dtypes[0])
-    problem.tolerance = {"preset": options.tolerance.name, "atol": atol, "rtol": rtol}
+    problem.tolerance = options.tolerance.summary(problem.dtypes[0])
+    atol, rtol = problem.tolerance["atol"], problem.tolerance["rtol"]
     described = _describe_tolerance(options.tolerance, problem.dtypes[0])
     count = len(outputs)
     components = range(len(first))

@@ -4,7 +4,10 @@ KernelBench's harnesses judge with `torch.allclose(reference, candidate, atol=at
 that is `|reference - candidate| <= atol + rtol * |candidate|` elementwise, NaN never equal.
 Other benchmarks differ, and `Tolerance.accepts` is each one's own check:
 - KernelBenchX: `assert_close(candidate, reference)`, rtol relative to |reference|, NaN equal
-  to NaN, the dtypes equal; exact for every dtype other than float16/bfloat16/float32/float64;
+  to NaN, the dtypes equal; by output dtype rtol = atol = 5e-3 for float16/bfloat16, 1e-5 for
+  float32/float64, exact for any other dtype. A task with `precision_thresholds` in
+  `data/kernelbenchx_v1.json` (its quantized ones) is judged by those instead: cosine similarity,
+  relative L1 error and RMSE of the float32 copies (`with_precision_thresholds`);
 - FastKernels: in float32, rtol relative to |reference|; the output passes when 99 % of its
   elements are within tolerance; any NaN or Inf, or an all-zero output for a non-zero
   reference, fails;
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 
 #: dtypes named as torch prints them without the `torch.` prefix
 HALF_DTYPES = ("float16", "bfloat16")
+#: KernelBenchX's defaults for a `precision_thresholds` key a task leaves out
+PRECISION_DEFAULTS = {"cosine_sim": 0.99, "l1_relative": 0.01, "rmse": 0.01}
 
 
 @dataclass(frozen=True)
@@ -43,11 +48,25 @@ class Tolerance:
     exact_integers: bool = False
     #: the candidate's dtype must be the reference's (KernelBenchX's assert_close)
     same_dtype: bool = False
+    #: KernelBenchX's per-task check, replacing atol/rtol: {"cosine_sim": minimum,
+    #: "l1_relative": maximum, "rmse": maximum}
+    precision_thresholds: dict[str, float] = field(default_factory=dict)
 
     def for_dtype(self, dtype: str) -> tuple[float, float]:
         return self.by_dtype.get(dtype.removeprefix("torch."), (self.atol, self.rtol))
 
+    def with_precision_thresholds(self, thresholds: dict[str, float]) -> Tolerance:
+        """This check judged by KernelBenchX's `precision_thresholds` (missing keys take its
+        defaults: cosine 0.99, L1 0.01, RMSE 0.01); itself when `thresholds` is empty."""
+        if not thresholds:
+            return self
+        return dataclasses.replace(self, precision_thresholds={
+            **PRECISION_DEFAULTS, **{k: float(v) for k, v in thresholds.items()
+                                     if k in PRECISION_DEFAULTS}})
+
     def describe(self) -> str:
+        if self.precision_thresholds:
+            return f"{self.name}: {self._precision_text()}"
         text = f"{self.name}: atol {self.atol:g}, rtol {self.rtol:g}"
         overrides = sorted(set(self.by_dtype.values()) - {(self.atol, self.rtol)})
         for atol, rtol in overrides:
@@ -64,17 +83,35 @@ class Tolerance:
     def check_text(self, dtype: str) -> str:
         """The check applied to an output of `dtype`, for messages: `kernelbench allclose (atol
         0.0001, rtol 0.0001)`, `fastkernels check (atol 1e-05, rtol 0.001, 99 % of elements)`."""
+        if self.precision_thresholds:
+            return f"{self.name} check ({self._precision_text()})"
         atol, rtol = self.for_dtype(dtype)
         kind = "allclose" if self.min_matched >= 1.0 and self.relative_to == "candidate" \
             else "check"
         share = f", {self.min_matched * 100:g} % of elements" if self.min_matched < 1.0 else ""
         return f"{self.name} {kind} (atol {atol:g}, rtol {rtol:g}{share})"
 
+    def summary(self, dtype: str) -> dict:
+        """The check applied to an output of `dtype`: {"preset", "atol", "rtol"}, and the
+        task's "precision_thresholds" when they replace atol and rtol."""
+        atol, rtol = self.for_dtype(dtype)
+        data = {"preset": self.name, "atol": atol, "rtol": rtol}
+        if self.precision_thresholds:
+            data["precision_thresholds"] = dict(self.precision_thresholds)
+        return data
+
+    def _precision_text(self) -> str:
+        limits = self.precision_thresholds
+        return (f"cosine >= {limits['cosine_sim']:g}, relative L1 <= {limits['l1_relative']:g}, "
+                f"RMSE <= {limits['rmse']:g}")
+
     def to_dict(self) -> dict:
         data = {"preset": self.name, "atol": self.atol, "rtol": self.rtol,
                 "by_dtype": {d: {"atol": a, "rtol": r} for d, (a, r) in self.by_dtype.items()}}
         if self.min_matched < 1.0:
             data["min_matched"] = self.min_matched
+        if self.precision_thresholds:
+            data["precision_thresholds"] = dict(self.precision_thresholds)
         return data
 
     def within(self, reference, candidate):
@@ -116,7 +153,29 @@ class Tolerance:
                 return False
             if bool(ref.ne(0).any()) and not bool(out.ne(0).any()):
                 return False
+        if self.precision_thresholds:
+            return self._meets_precision(reference, candidate)
         return self.matched(reference, candidate) >= self.min_matched
+
+    def _meets_precision(self, reference, candidate) -> bool:
+        """KernelBenchX's `precision_metric` on float32 copies: cosine similarity (1 when both
+        are all-zero, 0 when one is), L1 error relative to sum|reference|, and RMSE."""
+        import torch
+
+        ref, out = reference.float().reshape(-1), candidate.float().reshape(-1)
+        if ref.numel() == 0:
+            return True
+        ref_norm, out_norm = float(ref.norm()), float(out.norm())
+        if ref_norm < 1e-12 or out_norm < 1e-12:
+            cosine = 1.0 if ref_norm < 1e-12 and out_norm < 1e-12 else 0.0
+        else:
+            cosine = float(torch.nn.functional.cosine_similarity(out[None], ref[None]))
+        l1 = float((out - ref).abs().sum() / ref.abs().sum().clamp_min(1e-12))
+        rmse = float(((out - ref) ** 2).mean().sqrt())
+        limits = self.precision_thresholds
+        # NaN metrics fail every comparison, as in the benchmark
+        return cosine >= limits["cosine_sim"] and l1 <= limits["l1_relative"] \
+            and rmse <= limits["rmse"]
 
 
 PRESETS: dict[str, Tolerance] = {
@@ -128,7 +187,7 @@ PRESETS: dict[str, Tolerance] = {
     "robust-kbench": Tolerance("robust-kbench", 1e-5, 1e-5),
     # KernelBenchX EVAL/1_exe_acc.py: assert_close(candidate, reference, equal_nan=True) after
     # an equal-dtype check; 1e-5 for fp32/fp64, 5e-3 for fp16/bf16, exact for any other dtype.
-    # (Tasks with precision_thresholds use cosine/L1/RMSE instead.)
+    # (Tasks with precision_thresholds use cosine/L1/RMSE instead: with_precision_thresholds.)
     "kernelbenchx": Tolerance("kernelbenchx", 0.0, 0.0,
                               {"float32": (1e-5, 1e-5), "float64": (1e-5, 1e-5),
                                **{d: (5e-3, 5e-3) for d in HALF_DTYPES}},
