@@ -26,6 +26,8 @@ class Options:
     jobs: int = 1
     #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
     memory_limit: int | None = None
+    #: bytes of temporary disk the jobs may hold at once; None: the default, 0: no limit
+    temp_limit: int | None = None
     init_seed: int = INIT_SEED
     #: outputs with more elements are sampled at this many fixed positions (see problem_job)
     max_elements: int = 1 << 25
@@ -62,6 +64,8 @@ class ProblemResult:
     seeds: list[dict[str, Any]] = field(default_factory=list)
     scales: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    #: it ran out of GPU memory beside other jobs and ran again alone on the GPU (`gpu_share`)
+    retried_alone_on_gpu: bool = False
 
     @property
     def max_abs(self) -> float | None:
@@ -83,6 +87,7 @@ class ProblemResult:
             "other_input_pairs": self.other_input_pairs, "degenerate": self.degenerate,
             "absolute": self.absolute, "gap": self.gap, "recommended": self.recommended,
             "seeds": self.seeds, "scales": self.scales,
+            "retried_alone_on_gpu": self.retried_alone_on_gpu,
             "findings": [f.to_dict() for f in self.findings],
         }
 

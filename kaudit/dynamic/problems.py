@@ -17,6 +17,7 @@ Problem code never runs in this process; torch is imported here only to load and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, find_problems, write_problem
+from kaudit.dynamic.gpu_share import GpuSlots
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
@@ -148,6 +150,8 @@ def audit_problems(paths: Iterable[str], options: Options,
     report = ProblemsReport(options, device, errors=errors, files_skipped=skipped)
     memory = job_memory_limit(options.memory_limit) if device == "cpu" else None
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
+    slots = GpuSlots(options.jobs) if device == "cuda" else None
+    budget = scratch.start_budget(options.temp_limit)
 
     def one(file: str | BenchmarkProblem) -> ProblemResult:
         if not isinstance(file, BenchmarkProblem):
@@ -169,17 +173,18 @@ def audit_problems(paths: Iterable[str], options: Options,
 
     def run(file: str, shown: str, model: tuple[int, list[str]], options: Options
             ) -> ProblemResult:
-        job = Job(JOB_TARGET, {"path": os.path.abspath(file), "device": device,
-                               "seeds": options.seed_values(), "init_seed": options.init_seed,
-                               "scales": list(options.scales),
-                               "max_elements": options.max_elements},
-                  timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
-                  cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),))
         line, lines = model
         display = display_path(shown)
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         try:
-            with run_job(job) as result:
+            with slots.take() if slots else contextlib.nullcontext() as gpu, \
+                    run_job(Job(JOB_TARGET, {
+                        "path": os.path.abspath(file), "device": device,
+                        "seeds": options.seed_values(), "init_seed": options.init_seed,
+                        "scales": list(options.scales), "max_elements": options.max_elements},
+                        timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
+                        cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),),
+                        gpu=gpu)) as result:
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
         except SandboxError:
             raise
@@ -207,4 +212,5 @@ def audit_problems(paths: Iterable[str], options: Options,
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems
                       if p.error and p.error.startswith("internal error")]
     report.summary = summarize(report.problems)
+    report.summary["temp"] = budget.usage()
     return report

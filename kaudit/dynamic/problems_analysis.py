@@ -38,7 +38,8 @@ class Finder:
 def analyse(result: RunResult, display: str, line: int, options: Options,
             end_column: int = 1, memory_limit: int | None = None) -> ProblemResult:
     """`memory_limit`: the job's cap, named when it ran out of memory."""
-    problem = ProblemResult(display, line, max(1, end_column), wall_s=result.wall_s)
+    problem = ProblemResult(display, line, max(1, end_column), wall_s=result.wall_s,
+                            retried_alone_on_gpu=result.retried_alone)
     report = Finder(problem)
     manifest: dict[str, Any] | None = result.value if result.ok else _manifest(result)
     if manifest:
@@ -75,7 +76,8 @@ def _not_run(problem: ProblemResult, report: Finder, result: RunResult,
     problem.error = result.describe() + memory_note(result, memory_limit)
     tail = "\n".join(result.stderr_tail.strip().splitlines()[-15:])[-1500:]
     report("KP501", f"the problem could not be run: {problem.error}",
-           status=result.status, phase=result.phase, stderr_tail=tail or None)
+           status=result.status, phase=result.phase, stderr_tail=tail or None,
+           retried_alone_on_gpu=result.retried_alone or None)
 
 
 @dataclass

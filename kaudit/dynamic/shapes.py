@@ -19,6 +19,7 @@ import ast
 import os
 from typing import Any
 
+from kaudit.dynamic import scratch
 from kaudit.dynamic.judge import (
     SCALE_FREE,
     SCALE_FREE_DEFAULT,
@@ -30,7 +31,7 @@ from kaudit.dynamic.judge import (
     scale_free_errors,
     size_limit,
 )
-from kaudit.dynamic.runner import Job, OutputError, run_job
+from kaudit.dynamic.runner import Job, OutputError, run_job, share_inputs
 
 #: module-level integers below this are counts and kernel sizes, not tensor sizes
 MIN_SIZE = 8
@@ -77,11 +78,16 @@ def shape_sweep(add: Adder, metrics: dict, problem: str, reference_job: Job, pla
             expected = reference.load_tensors("ref_a.pt")
         except OutputError:
             return
-        given = {"in/inputs_a.pt": str(reference.path("inputs_a.pt")),
-                 "in/init.pt": str(reference.path("init.pt"))}
-        with run_job(Job(plain_job.target, {**plain_job.args, "calls": 1},
-                         **{**_fields(plain_job), "files": given})) as plain:
-            problem_found = _fragile(plain, expected)
+        for name in reference.files():  # the plain run sees the inputs only
+            if name not in ("inputs_a.pt", "init.pt"):
+                reference.path(name).unlink()
+        shared = share_inputs(reference, ["inputs_a.pt", "init.pt"])
+        try:
+            with run_job(Job(plain_job.target, {**plain_job.args, "calls": 1},
+                             **{**_fields(plain_job), "inputs": shared})) as plain:
+                problem_found = _fragile(plain, expected)
+        finally:
+            scratch.remove(shared.folder)
     metrics["shape_sweep"] = shown
     if problem_found:
         add("KD302", f"shape-fragile: right at the benchmark's sizes, but with the problem's "
@@ -111,7 +117,7 @@ def _fragile(plain: Any, expected: list) -> str | None:
 
 def _fields(job: Job) -> dict[str, Any]:
     return {name: getattr(job, name) for name in ("timeout", "seed", "memory_limit", "cpu_limit",
-                                                  "env", "files", "visible", "writable")}
+                                                  "env", "inputs", "visible", "writable", "gpu")}
 
 
 def _bytes(result: Any, name: str) -> int:
