@@ -10,9 +10,11 @@ findings, those that say "out of memory", and the jobs that ran once more alone 
 
     python bench/gpu_share.py KernelBench/KernelBench/level1 [--problems 16] [--jobs 4]
                               [--processes 2] [--json OUT/gpu_share.json]
+    python bench/gpu_share.py level1/19_ReLU.py level1/23_Softmax.py ...
 
-Problems: the first `--problems` files of the folder, in natural order. Exit status 1 when any
-process reported a KP501 out of memory.
+Problems: the files named, and the first `--problems` files of each folder named, in natural
+order (KernelBench level 1's activations, 19-32, hold 1.6e9-element tensors: a few of them on
+one GPU at once do not fit). Exit status 1 when any process reported a KP501 out of memory.
 """
 
 from __future__ import annotations
@@ -34,17 +36,20 @@ def natural(path: Path) -> list:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("paths", type=Path, nargs="+")
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    files = sorted((p for p in args.folder.glob("*.py") if not p.name.startswith("_")),
-                   key=natural)[:args.problems]
+    files = []
+    for path in args.paths:
+        files += sorted((p for p in path.glob("*.py") if not p.name.startswith("_")),
+                        key=natural)[:args.problems] if path.is_dir() else [path]
     if not files:
-        print(f"no problem files in {args.folder}", file=sys.stderr)
+        print("no problem files", file=sys.stderr)
         return 2
     gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
@@ -54,7 +59,7 @@ def main() -> int:
     for index in range(args.processes):
         output = folder / f"run{index}.json"
         command = [sys.executable, "-m", "kaudit", "problems", *map(str, files), "--device",
-                   "cuda", "-j", str(args.jobs), "--timeout", str(args.timeout), "-f", "json",
+                   args.device, "-j", str(args.jobs), "--timeout", str(args.timeout), "-f", "json",
                    "-o", str(output), "--fail-on", "never"]
         processes.append((output, subprocess.Popen(command, env=env,
                                                    stderr=subprocess.PIPE, text=True)))
