@@ -126,6 +126,7 @@ def scan(
     rtol: Annotated[Optional[float], typer.Option(help="--dynamic: custom relative tolerance (with --atol).")] = None,  # noqa: UP007,E501
     timeout: Annotated[float, typer.Option(help="--dynamic: seconds per child process.")] = 300.0,
     memory_limit: Annotated[Optional[str], typer.Option(help="--dynamic: address-space cap of each child on CPU runs, e.g. 24G, or none (default: the physical memory).")] = None,  # noqa: UP007,E501
+    temp_limit: Annotated[Optional[str], typer.Option(help="--dynamic: temporary disk the scan's jobs may hold at once, e.g. 50G, or none (default: 80% of the free space).")] = None,  # noqa: UP007,E501
     scales: Annotated[str, typer.Option(help="--dynamic: input scale factors for the scale-fragility probe (KD301), comma-separated.")] = "1e-3,1,1e3",  # noqa: E501
     artifacts: Annotated[Optional[Path], typer.Option("--artifacts", help="--dynamic: write SVG pictures of unwritten and out-of-bounds output regions (KD101, KD103) into this folder.")] = None,  # noqa: UP007,E501
     sandbox: Annotated[SandboxMode, typer.Option("--sandbox", help="--dynamic: run every job in an OS sandbox (Linux namespaces): auto (where it works, else a warning), on (refuse to run without it) or off.")] = SandboxMode.auto,  # noqa: E501
@@ -141,8 +142,8 @@ def scan(
         _make_folder(output_dir, "--output-dir")
     options = _dynamic_options(device, problem, problems_root, tolerance, atol, rtol, timeout,
                                scales=scales, jobs=jobs, artifacts=artifacts,
-                               memory_limit=memory_limit, sandbox=sandbox,
-                               build_cache=build_cache,
+                               memory_limit=memory_limit, temp_limit=temp_limit,
+                               sandbox=sandbox, build_cache=build_cache,
                                timing=(timing, speedup_tolerance),
                                executor=(executor, ray_address)) if dynamic else None
     report, config = _run_scan(paths, select, ignore, jobs, baseline, baseline_timings,
@@ -265,8 +266,9 @@ def _refuse_if_changed(installation) -> None:
 def _dynamic_options(device: str, problem: Path | None, problems_root: Path | None,
                      tolerance: str | None, atol: float | None, rtol: float | None,
                      timeout: float, *, scales: str, jobs: int | None, artifacts: Path | None,
-                     memory_limit: str | None, sandbox: SandboxMode = SandboxMode.auto,
-                     build_cache: str | None = None, timing: tuple[str, float] = ("auto", 1.5),
+                     memory_limit: str | None, temp_limit: str | None = None,
+                     sandbox: SandboxMode = SandboxMode.auto, build_cache: str | None = None,
+                     timing: tuple[str, float] = ("auto", 1.5),
                      executor: tuple[ExecutorKind, str | None] = (ExecutorKind.local, None)):
     """`scan --dynamic`'s options, checked before anything is scanned: a bad one is a usage
     error."""
@@ -285,12 +287,13 @@ def _dynamic_options(device: str, problem: Path | None, problems_root: Path | No
     if kind is ExecutorKind.ray and ray_missing():
         _usage_error(ray_missing())
     try:
-        from kaudit.dynamic.limits import parse_memory_limit
+        from kaudit.dynamic.limits import parse_memory_limit, parse_temp_limit
         from kaudit.dynamic.problems_cli import parse_scales
 
         chosen = tolerances.resolve(tolerance, atol, rtol)
         scale_factors = parse_scales(scales)
         memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
+        temp = parse_temp_limit(temp_limit) if temp_limit is not None else None
         timing_settings = TimingSettings(timing[0], speedup_tolerance=timing[1])
     except ValueError as exc:
         _usage_error(str(exc))
@@ -300,7 +303,8 @@ def _dynamic_options(device: str, problem: Path | None, problems_root: Path | No
                           str(problems_root) if problems_root else None, timeout,
                           scales=scale_factors, jobs=jobs or 1,
                           artifacts_dir=str(artifacts) if artifacts else None,
-                          memory_limit=memory, sandbox=sandbox.value, timing=timing_settings,
+                          memory_limit=memory, temp_limit=temp, sandbox=sandbox.value,
+                          timing=timing_settings,
                           benchmark_checks=tolerance is None and atol is None and rtol is None,
                           executor=kind.value, ray_address=ray_address, **builds)
 
@@ -505,6 +509,7 @@ def problems(
     scales: Annotated[str, typer.Option(help="Input scale factors for the conditioning probe.")] = "1e-3,1,1e3",  # noqa: E501
     timeout: Annotated[float, typer.Option(help="Seconds per problem before its process is killed.")] = 300.0,  # noqa: E501
     memory_limit: Annotated[Optional[str], typer.Option(help="Address-space cap of each problem's process on CPU runs, e.g. 24G, or none (default: the physical memory).")] = None,  # noqa: UP007,E501
+    temp_limit: Annotated[Optional[str], typer.Option(help="Temporary disk the problems' processes may hold at once, e.g. 50G, or none (default: 80% of the free space).")] = None,  # noqa: UP007,E501
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Problems run at once (on one GPU they share its memory).")] = 1,  # noqa: E501
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here, not stdout.")] = None,  # noqa: UP007,E501
@@ -523,7 +528,7 @@ def problems(
     try:
         code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,
                            seeds=seeds, scales=scales, timeout=timeout, jobs=jobs,
-                           memory_limit=memory_limit,
+                           memory_limit=memory_limit, temp_limit=temp_limit,
                            output_format=output_format.value, output=output,
                            fail_on=fail_on.value if fail_on else None,
                            before_output=lambda: _refuse_if_changed(installation),

@@ -7,8 +7,9 @@ class AuditIncomplete(DynamicRule):
 
     ## What it does
     Reported when a job of the kernel's audit could not write its files because the disk (or a
-    quota) was full, or when kaudit itself failed while auditing the kernel (an error writing its
-    own temporary files, an internal error). The message gives the reason. The scan goes on with
+    quota) was full or the scan's temporary files reached its limit (`--temp-limit`), or when
+    kaudit itself failed while auditing the kernel (an error writing its own temporary files, an
+    internal error). The message gives the reason. The scan goes on with
     the next kernel; the kernel's static findings are kept.
 
     ## Why is this bad?

@@ -9,8 +9,11 @@ class ProblemNotRun(ProblemRule):
     Reports a problem whose child process failed: the file does not import, is not a KernelBench
     problem (`Model`, `get_inputs`, `get_init_inputs`), `Model(*get_init_inputs())` or `forward`
     raises, `forward` returns something other than tensors or numbers, the output's shape changes
-    with the seed, the run exceeds `--timeout`, runs out of memory or crashes (a signal). The
-    message gives the phase and the error; the finding's metrics hold the tail of its stderr.
+    with the seed, the run exceeds `--timeout`, runs out of memory or crashes (a signal), or its
+    files take the scan's temporary disk over `--temp-limit`. On a GPU, a run that ran out of
+    memory beside other jobs is first run again alone on the GPU (no other kaudit job of the user
+    on it); only a second failure is reported, with the memory that was free. The message gives
+    the phase and the error; the finding's metrics hold the tail of its stderr.
     The rest of the audit goes on.
 
     ## Why is this bad?

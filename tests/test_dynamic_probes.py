@@ -287,7 +287,8 @@ def test_gpu_slots_spread_jobs_and_share_memory():
     slots = GpuSlots(4, ["0", "1"])
     assert slots.fraction == 0.45  # two jobs at most on each GPU
     with slots.take() as first, slots.take() as second, slots.take() as third:
-        assert {first[0], second[0]} == {"0", "1"} and third[0] in ("0", "1")
+        assert {first.device, second.device} == {"0", "1"} and third.device in ("0", "1")
+        assert first.share == 0.45
     assert slots.busy == {"0": 0, "1": 0}
     with GpuSlots(1, []).take() as nothing:
         assert nothing is None

@@ -270,8 +270,8 @@ def test_kaudit_stopped_mid_scan_leaves_nothing(tmp_path, number):
         cwd=tmp_path, env=kaudit_environment(tmp),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        # a candidate job is running once a job folder holds its inputs
-        assert wait_until(lambda: any((p / "in" / "inputs_a.pt").exists()
+        # a candidate job is running once a kernel's inputs are shared with its jobs
+        assert wait_until(lambda: any((p / "inputs_a.pt").exists()
                                       for p in tmp.glob("tmp*")), 120)
         time.sleep(1)
         started = time.monotonic()
@@ -288,7 +288,7 @@ def test_a_failed_write_in_kaudit_is_kd504_and_leaves_no_folder(tmp_path, monkey
     torch = pytest.importorskip("torch", reason="the dynamic pass needs torch")
     import tempfile
 
-    from kaudit.dynamic import runner
+    from kaudit.dynamic import kernels
     from kaudit.dynamic.kernels import DynamicOptions, audit_kernel
     from kaudit.dynamic.tolerance import resolve
 
@@ -301,7 +301,7 @@ def test_a_failed_write_in_kaudit_is_kd504_and_leaves_no_folder(tmp_path, monkey
     def full_disk(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runner.shutil, "copyfile", full_disk)
+    monkeypatch.setattr(kernels, "share_inputs", full_disk)  # moving the inputs out
     run = audit_kernel(str(kernel), "kernel.py", kernel.read_text(),
                        DynamicOptions(resolve(None, None, None), device="cpu", timeout=120), "cpu")
     (finding,) = run.findings
@@ -321,7 +321,8 @@ def _unshare_works() -> bool:
 
 @pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -Urm` to mount a small tmpfs")
 def test_a_full_disk_during_the_dynamic_pass_is_kd504_and_the_scan_goes_on(tmp_path):
-    """kaudit's TMPDIR on a 2 MiB tmpfs: the reference job cannot write its 4 MiB inputs."""
+    """kaudit's TMPDIR on a 2 MiB tmpfs: the reference job cannot write its 4 MiB inputs (with
+    no --temp-limit, which would stop it first: tests/test_gpu_share.py)."""
     pytest.importorskip("torch", reason="the dynamic pass needs torch")
     quick = SLEEPER.replace("time.sleep(600)", "pass")
     for name in ("first", "second"):
@@ -329,7 +330,7 @@ def test_a_full_disk_during_the_dynamic_pass_is_kd504_and_the_scan_goes_on(tmp_p
     tmp = tmp_path / "small"
     tmp.mkdir()
     script = (f"mount -t tmpfs -o size=2m tmpfs {tmp} && exec {sys.executable} -m kaudit scan "
-              "first second --dynamic --device cpu --no-cache -f json")
+              "first second --dynamic --device cpu --no-cache --temp-limit none -f json")
     proc = subprocess.run(["unshare", "-Urm", "sh", "-c", script], cwd=tmp_path,
                           env=kaudit_environment(tmp), capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr

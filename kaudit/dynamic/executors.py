@@ -32,8 +32,8 @@ from kaudit.config import ConfigError
 from kaudit.discover import WorkItem
 from kaudit.dynamic import adapted, sandbox, scratch
 from kaudit.dynamic.builds import BuildCache, default_root
+from kaudit.dynamic.gpu_share import GpuSlots
 from kaudit.dynamic.kernels import (
-    GpuSlots,
     KernelRun,
     KernelTask,
     audit_entry,

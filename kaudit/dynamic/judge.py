@@ -69,7 +69,8 @@ class Adder:
 
 def failure_metrics(result: RunResult) -> dict[str, Any]:
     return {"status": result.status, "phase": result.phase, "error_type": result.error_type or None,
-            "stderr_tail": result.stderr_tail[-1500:] or None}
+            "stderr_tail": result.stderr_tail[-1500:] or None,
+            "retried_alone_on_gpu": result.retried_alone or None}
 
 
 def load_any(result: RunResult, name: str, max_bytes: int | None = None) -> list:

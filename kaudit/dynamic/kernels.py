@@ -28,6 +28,8 @@ For every kernel file the static scan read, this module (in the kaudit process):
 
 Kernels run on an executor (`kaudit.dynamic.executors`): here, `DynamicOptions.jobs` at a time, on
 CUDA spread over the visible GPUs (`GpuSlots`), or one Ray task each (`audit_entry` on the node).
+Each job of a kernel runs under its GPU's lock and memory cap, retried alone on the GPU when it ran
+out of memory (`kaudit.dynamic.gpu_share`).
 
 Findings point at `ModelNew.forward` in the kernel file and carry `pass_ = "dynamic"`.
 """
@@ -51,6 +53,7 @@ from kaudit.discover import WorkItem, display_path
 from kaudit.dynamic import adapted, scratch
 from kaudit.dynamic.attribution import OwnKernels
 from kaudit.dynamic.builds import BuildCache
+from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots
 from kaudit.dynamic.judge import (
     Adder,
     disk_full,
@@ -70,7 +73,7 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     DynamicOptions,
 )
 from kaudit.dynamic.profiling import attribute, profile_job
-from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
+from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job, share_inputs
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
@@ -85,8 +88,6 @@ PLAIN_TARGET = "plain_run.py:run"
 #: calls in the plain run (KD406)
 PLAIN_CALLS = 3
 SIBLING_PROBLEMS = ("problem.py", "ref_code.py", "reference.py")
-#: share of a GPU's memory the jobs on it may take together (caching allocator cap)
-GPU_MEMORY_SHARE = 0.9
 _KB_FILE = re.compile(r"level_?(\d+)_problem_?(\d+)(?:_|\.py$)")
 _KB_FOLDER = re.compile(r"level_?(\d+)$")
 _KB_PROBLEM = re.compile(r"problem_?(\d+)\.py$")
@@ -360,49 +361,11 @@ def _record_reference(item: WorkItem) -> str | None:
     return None
 
 
-class GpuSlots:
-    """Hands each concurrent kernel a GPU: the visible GPUs in turn, as evenly as `jobs` allows.
-    `take()` yields (physical id for CUDA_VISIBLE_DEVICES, share of its memory for this job)."""
-
-    def __init__(self, jobs: int, visible: list[str] | None = None) -> None:
-        self.gpus = visible if visible is not None else visible_gpus()
-        self.jobs = max(1, jobs)
-        self.busy = {gpu: 0 for gpu in self.gpus}
-        self.lock = threading.Lock()
-        #: each job's cap: the GPU's memory shared by the jobs that may run on it at once
-        self.fraction = round(GPU_MEMORY_SHARE / max(1, -(-self.jobs // max(1, len(self.gpus)))),
-                              3)
-
-    @contextlib.contextmanager
-    def take(self):
-        if not self.gpus:
-            yield None
-            return
-        with self.lock:
-            gpu = min(self.gpus, key=lambda g: self.busy[g])
-            self.busy[gpu] += 1
-        try:
-            yield (gpu, self.fraction)
-        finally:
-            with self.lock:
-                self.busy[gpu] -= 1
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries for the children."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [entry.strip() for entry in listed.split(",") if entry.strip()]
-    import torch
-
-    return [str(index) for index in range(torch.cuda.device_count())]
-
-
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
                  reference: str | None = None, level: int | None = None,
-                 number: int | None = None, gpu: tuple[str, float] | None = None,
+                 number: int | None = None, gpu: GpuClaim | None = None,
                  builds: BuildCache | None = None) -> KernelRun:
-    """Audit one kernel file; `gpu` = (CUDA_VISIBLE_DEVICES entry, memory fraction) on CUDA.
+    """Audit one kernel file; `gpu`: its GPU on CUDA (`GpuSlots.take`).
     An audit that cannot complete (a full disk, an error in kaudit) is a KD504 finding; only
     `SandboxError` (`--sandbox on` where there is none) propagates."""
     run = KernelRun(display)
@@ -420,7 +383,7 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
 
 def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOptions,
            device: str, reference: str | None, level: int | None, number: int | None,
-           gpu: tuple[str, float] | None, builds: BuildCache) -> None:
+           gpu: GpuClaim | None, builds: BuildCache) -> None:
     reason = cuda_reason(text)
     problem = pair_problem(file, reference, options, level, number)
     run.problem = display_path(problem) if problem else None
@@ -439,11 +402,10 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     scales = [s for s in options.scales if s != 1]
     problem = os.path.abspath(problem)
     common = {"problem": problem, "device": device,
-              "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales,
-              "gpu_memory_fraction": gpu[1] if gpu else None}
-    env = {"CUDA_VISIBLE_DEVICES": gpu[0]} if gpu else {}
+              "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales}
+    env: dict[str, str] = {}
     limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
-              "cpu_limit": cpu_seconds}
+              "cpu_limit": cpu_seconds, "gpu": gpu}
     with run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
                      **limits)) as reference_result:
         if not reference_result.ok:
@@ -473,57 +435,56 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 f"{exc}")
             return
         # the reference outputs now live only in this process: their files go before any
-        # candidate code runs; the candidate gets copies of the inputs (and init.pt)
+        # candidate code runs; the inputs (and init.pt), written once, are shared read-only by
+        # the kernel's jobs
         for name in reference_result.files():
             if name.startswith("ref"):
                 reference_result.path(name).unlink()
-        given = {f"in/{name}": str(reference_result.path(name))
-                 for name in reference_result.files()
-                 if name.startswith("inputs_") or name == "init.pt"}
-        if device == "cpu" and uses_triton(text):
-            env = {**env, "TRITON_INTERPRET": "1"}
-        # torch's extension builds: ninja with every core unless the caller chose
-        env = {**env, "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
-        schedule = random.Random(f"{options.key}\0{run.path}")
-        kernel = os.path.abspath(file)
-        visible = (os.path.dirname(kernel), os.path.dirname(problem))
-        with builds.use(text) as build:
-            job = Job(CANDIDATE_TARGET, {**common, "kernel": kernel, "build_dir": build,
-                                         "poison_key": options.key,
-                                         "schedule_seed": schedule.getrandbits(48),
-                                         "calls": schedule.randint(*options.calls)},
-                      env=env, files=given, visible=visible, writable=(build,), **limits)
-            with run_job(job) as candidate:
-                watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
-                                bool((reference_result.value or {}).get("mutates_inputs")))
-            if watched is None or run.status != "ok" or rejected(run):
-                return  # the second opinion is for kernels the watched calls found right
-            plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
-                                       "calls": PLAIN_CALLS},
-                        env=env, files={k: v for k, v in given.items()
-                                        if k in ("in/inputs_a.pt", "in/init.pt")},
-                        visible=visible, writable=(build,), **limits)
-            with run_job(plain) as result:
-                second_opinion(add, result, refs["a"], watched, options.tolerance)
-            if not rejected(run):
-                reference_job = Job(REFERENCE_TARGET, common, env=env,
-                                    visible=(os.path.dirname(problem),), **limits)
-                shape_sweep(add, run.metrics, problem, reference_job, plain,
-                            os.path.getsize(reference_result.path("inputs_a.pt")))
-                timed_sweep(add, run.metrics, problem, reference_job, plain, device)
-            if options.timing.enabled(device) and not rejected(run):
-                timed = {k: v for k, v in given.items()
-                         if k in ("in/inputs_a.pt", "in/inputs_b.pt", "in/init.pt")}
-                measure(add, run.metrics, timing_job(
-                    options.timing, common, kernel, build, options.key, run.path, env=env,
-                    files=timed, visible=visible, writable=(build,), **limits),
-                    refs, options.tolerance, device)
-            if device == "cuda" and not rejected(run):
-                attribute(add, run.metrics, profile_job(
-                    common, kernel, build, env=env, files={
-                        k: v for k, v in given.items() if k in ("in/inputs_a.pt", "in/init.pt")},
-                    visible=visible, writable=(build,), **limits),
-                    OwnKernels.of_source(file, text), options.policy)
+        shared = share_inputs(reference_result, [
+            name for name in reference_result.files()
+            if name.startswith("inputs_") or name == "init.pt"])
+        try:
+            if device == "cpu" and uses_triton(text):
+                env = {**env, "TRITON_INTERPRET": "1"}
+            # torch's extension builds: ninja with every core unless the caller chose
+            env = {**env, "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
+            schedule = random.Random(f"{options.key}\0{run.path}")
+            kernel = os.path.abspath(file)
+            visible = (os.path.dirname(kernel), os.path.dirname(problem))
+            with builds.use(text) as build:
+                job = Job(CANDIDATE_TARGET, {**common, "kernel": kernel, "build_dir": build,
+                                             "poison_key": options.key,
+                                             "schedule_seed": schedule.getrandbits(48),
+                                             "calls": schedule.randint(*options.calls)},
+                          env=env, inputs=shared, visible=visible, writable=(build,), **limits)
+                with run_job(job) as candidate:
+                    watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
+                                    bool((reference_result.value or {}).get("mutates_inputs")))
+                if watched is None or run.status != "ok" or rejected(run):
+                    return  # the second opinion is for kernels the watched calls found right
+                plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
+                                           "calls": PLAIN_CALLS},
+                            env=env, inputs=shared, visible=visible, writable=(build,), **limits)
+                with run_job(plain) as result:
+                    second_opinion(add, result, refs["a"], watched, options.tolerance)
+                if not rejected(run):
+                    reference_job = Job(REFERENCE_TARGET, common, env=env,
+                                        visible=(os.path.dirname(problem),), **limits)
+                    shape_sweep(add, run.metrics, problem, reference_job, plain,
+                                os.path.getsize(shared.path("inputs_a.pt")))
+                    timed_sweep(add, run.metrics, problem, reference_job, plain, device)
+                if options.timing.enabled(device) and not rejected(run):
+                    measure(add, run.metrics, timing_job(
+                        options.timing, common, kernel, build, options.key, run.path, env=env,
+                        inputs=shared, visible=visible, writable=(build,), **limits),
+                        refs, options.tolerance, device)
+                if device == "cuda" and not rejected(run):
+                    attribute(add, run.metrics, profile_job(
+                        common, kernel, build, env=env, inputs=shared, visible=visible,
+                        writable=(build,), **limits),
+                        OwnKernels.of_source(file, text), options.policy)
+        finally:
+            scratch.remove(shared.folder)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

@@ -14,6 +14,8 @@ from kaudit.dynamic.runner import OOM, RunResult
 
 #: smaller caps are typing mistakes ("16" meant 16G): torch alone needs more to start
 MIN_MEMORY_LIMIT = 256 << 20
+#: a smaller temporary-disk limit is a typing mistake: a job's harness copy alone takes 1 MiB
+MIN_TEMP_LIMIT = 64 << 20
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 
@@ -38,14 +40,23 @@ def default_memory_limit() -> int | None:
 def parse_memory_limit(text: str) -> int:
     """`--memory-limit`: "24G", "512M", "1.5T", "24GiB" (binary units; bytes without one), or
     "none" (0: no cap). Raises ValueError with the option's usage."""
+    return parse_size(text, "--memory-limit", MIN_MEMORY_LIMIT)
+
+
+def parse_temp_limit(text: str) -> int:
+    """`--temp-limit`: the scan's temporary disk, as `parse_memory_limit` reads sizes."""
+    return parse_size(text, "--temp-limit", MIN_TEMP_LIMIT)
+
+
+def parse_size(text: str, option: str, minimum: int) -> int:
     if text.strip().lower() in ("none", "0"):
         return 0
     match = _SIZE.fullmatch(text.strip())
     if not match:
-        raise ValueError(f"--memory-limit: not a size: {text!r} (e.g. 24G, 512M, or none)")
+        raise ValueError(f"{option}: not a size: {text!r} (e.g. 24G, 512M, or none)")
     size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if size < MIN_MEMORY_LIMIT:
-        raise ValueError(f"--memory-limit: {text!r} is under {format_size(MIN_MEMORY_LIMIT)}; "
+    if size < minimum:
+        raise ValueError(f"{option}: {text!r} is under {format_size(minimum)}; "
                          "give a unit (e.g. 24G) or none")
     return size
 

@@ -68,6 +68,9 @@ class DynamicOptions:
     artifacts_dir: str | None = None
     #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
     memory_limit: int | None = None
+    #: bytes of temporary disk the scan's jobs may hold at once (`scratch.start_budget`); None:
+    #: the default (80% of the free space), 0: no limit
+    temp_limit: int | None = None
     #: the scan's secret: the keyed poisoning patterns and call schedules (a new one per scan)
     key: str = field(default_factory=lambda: secrets.token_hex(16))
     #: calls on the candidate's plain model: drawn per kernel in this range

@@ -19,7 +19,7 @@ from pathlib import Path
 from kaudit.baseline import mark_findings
 from kaudit.config import Config
 from kaudit.discover import WorkItem
-from kaudit.dynamic import acceptance, shapes
+from kaudit.dynamic import acceptance, scratch, shapes
 from kaudit.dynamic.executors import executor_for
 from kaudit.dynamic.kernels import KernelRun, audit_items
 from kaudit.dynamic.options import DynamicOptions
@@ -39,12 +39,14 @@ class DynamicPass:
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     runs: list[KernelRun] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: the temporary disk of the pass: its limit and the peak its jobs' folders reached (bytes)
+    temp: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         return {"device": self.device, "kernels": len(self.runs),
                 "statuses": dict(Counter(run.status for run in self.runs)),
-                "cached": sum(run.cached for run in self.runs), **acceptance.summary(self.runs),
-                **shapes.summary(self.runs)}
+                "cached": sum(run.cached for run in self.runs), "temp": self.temp,
+                **acceptance.summary(self.runs), **shapes.summary(self.runs)}
 
 
 def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
@@ -73,10 +75,12 @@ def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
             if on_kernel is not None:
                 on_kernel(done, total, item, findings, run, seconds)
 
+        budget = scratch.start_budget(options.temp_limit)
         try:
             with executor.guarded():
                 result.runs = audit_items(items, options, device, finished, cache, executor)
         finally:
+            result.temp = budget.usage()
             result.warnings.extend(executor.warnings)
             if cache is not None:
                 cache.close()

@@ -17,139 +17,34 @@ Problem code never runs in this process; torch is imported here only to load and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
 import os
 import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from kaudit import __version__
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
-from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
-from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
+from kaudit.dynamic.gpu_share import GpuSlots
+from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
+from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
+    Options,
+    ProblemResult,
+    ProblemsReport,
+    summarize,
+)
+from kaudit.dynamic.problems_analysis import Finder, analyse
+from kaudit.dynamic.runner import Job, run_job
 from kaudit.dynamic.sandbox import SandboxError
-from kaudit.dynamic.tolerance import Tolerance
-from kaudit.findings import Finding, Location, ScanError, assign_fingerprints
-from kaudit.rule import rule_by_code
+from kaudit.findings import ScanError, assign_fingerprints
 from kaudit.source import split_lines
 
 JOB_TARGET = "problem_job:run_problem"
-MANIFEST = "manifest.json"
-DEFAULT_SCALES = (1e-3, 1.0, 1e3)
-INIT_SEED = 42
 _CLASS_MODEL = re.compile(r"^class\s+Model\b", re.M)
 _GET_INPUTS = re.compile(r"^def\s+get_inputs\b", re.M)
-
-
-@dataclass(frozen=True)
-class Options:
-    tolerance: Tolerance
-    #: "auto", "cpu" or "cuda" ("auto": CUDA when torch sees a device)
-    device: str = "auto"
-    seeds: int = 3
-    scales: tuple[float, ...] = DEFAULT_SCALES
-    timeout: float = 300.0
-    jobs: int = 1
-    #: RLIMIT_AS of each job on CPU runs, in bytes; None: the default (`limits`); 0: none
-    memory_limit: int | None = None
-    init_seed: int = INIT_SEED
-    #: outputs with more elements are sampled at this many fixed positions plus their extremes
-    #: (see problem_job): 4 Mi positions decide the seed-to-seed comparisons, the extremes zeros
-    max_elements: int = 1 << 22
-    #: another benchmark's problem is audited with its benchmark's check unless one was chosen
-    benchmark_checks: bool = True
-
-    def seed_values(self) -> list[int]:
-        return list(range(self.seeds))
-
-
-@dataclass
-class ProblemResult:
-    path: str
-    line: int = 1
-    #: findings span the `class Model` line: columns 1 .. end_column (exclusive)
-    end_column: int = 1
-    status: str = "ok"  # ok | partial | failed
-    device: str | None = None
-    wall_s: float = 0.0
-    error: str | None = None
-    shapes: list[list[int]] = field(default_factory=list)
-    dtypes: list[str] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
-    tolerance: dict[str, Any] = field(default_factory=dict)
-    zeros_pass: bool | None = None
-    constant_pass: bool | None = None
-    constant: float | None = None
-    other_input_pass: bool | None = None
-    other_input_pairs: dict[str, int] = field(default_factory=dict)
-    degenerate: list[str] = field(default_factory=list)
-    absolute: dict[str, Any] = field(default_factory=dict)
-    gap: dict[str, Any] | None = None
-    recommended: dict[str, Any] | None = None
-    seeds: list[dict[str, Any]] = field(default_factory=list)
-    scales: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def max_abs(self) -> float | None:
-        return self.stats.get("max_abs")
-
-    def codes(self) -> list[str]:
-        return sorted({f.rule for f in self.findings})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path, "status": self.status, "device": self.device,
-            "wall_s": round(self.wall_s, 3), "error": self.error,
-            "shape": self.shapes[0] if len(self.shapes) == 1 else self.shapes,
-            "dtype": self.dtypes[0] if len(self.dtypes) == 1 else self.dtypes,
-            "max_abs": self.max_abs, "std": self.stats.get("std"), "stats": self.stats,
-            "tolerance": self.tolerance,
-            "zeros_pass": self.zeros_pass, "constant_pass": self.constant_pass,
-            "constant": self.constant, "other_input_pass": self.other_input_pass,
-            "other_input_pairs": self.other_input_pairs, "degenerate": self.degenerate,
-            "absolute": self.absolute, "gap": self.gap, "recommended": self.recommended,
-            "seeds": self.seeds, "scales": self.scales,
-            "findings": [f.to_dict() for f in self.findings],
-        }
-
-
-@dataclass
-class ProblemsReport:
-    options: Options
-    device: str
-    problems: list[ProblemResult] = field(default_factory=list)
-    errors: list[ScanError] = field(default_factory=list)
-    files_skipped: int = 0
-    summary: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def findings(self) -> list[Finding]:
-        return [f for p in self.problems for f in p.findings]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "tool": {"name": "kaudit", "version": __version__},
-            "tolerance": self.options.tolerance.to_dict(),
-            "device": self.device, "seeds": self.options.seed_values(),
-            "scales": list(self.options.scales),
-            "problems": [p.to_dict() for p in self.problems],
-            "files_skipped": self.files_skipped,
-            "summary": self.summary,
-            "errors": [e.to_dict() for e in self.errors],
-        }
-
-    def as_scan_report(self):  # -> kaudit.api.Report, for the SARIF renderer and the exit gate
-        from kaudit.report.model import Report
-
-        return Report(findings=self.findings, files_scanned=len(self.problems),
-                      files_skipped=self.files_skipped, errors=list(self.errors))
 
 
 # -- discovery -------------------------------------------------------------------------------
@@ -254,6 +149,8 @@ def audit_problems(paths: Iterable[str], options: Options,
     report = ProblemsReport(options, device, errors=errors, files_skipped=skipped)
     memory = job_memory_limit(options.memory_limit) if device == "cpu" else None
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
+    slots = GpuSlots(options.jobs) if device == "cuda" else None
+    budget = scratch.start_budget(options.temp_limit)
 
     def one(file: str | BenchmarkProblem) -> ProblemResult:
         if not isinstance(file, BenchmarkProblem):
@@ -265,7 +162,7 @@ def audit_problems(paths: Iterable[str], options: Options,
             if isinstance(wrapper, str):
                 problem = ProblemResult(display_path(file.file), where.line, where.end_column,
                                         status="failed", error=wrapper)
-                _Finder(problem)("KP501", f"the problem could not be run: {wrapper}")
+                Finder(problem)("KP501", f"the problem could not be run: {wrapper}")
                 return problem
             chosen = dataclasses.replace(options, tolerance=benchmark_check(file.spec)) \
                 if options.benchmark_checks else options
@@ -275,17 +172,18 @@ def audit_problems(paths: Iterable[str], options: Options,
 
     def run(file: str, shown: str, model: tuple[int, list[str]], options: Options
             ) -> ProblemResult:
-        job = Job(JOB_TARGET, {"path": os.path.abspath(file), "device": device,
-                               "seeds": options.seed_values(), "init_seed": options.init_seed,
-                               "scales": list(options.scales),
-                               "max_elements": options.max_elements},
-                  timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
-                  cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),))
         line, lines = model
         display = display_path(shown)
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         try:
-            with run_job(job) as result:
+            with slots.take() if slots else contextlib.nullcontext() as gpu, \
+                    run_job(Job(JOB_TARGET, {
+                        "path": os.path.abspath(file), "device": device,
+                        "seeds": options.seed_values(), "init_seed": options.init_seed,
+                        "scales": list(options.scales), "max_elements": options.max_elements},
+                        timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
+                        cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),),
+                        gpu=gpu)) as result:
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
         except SandboxError:
             raise
@@ -293,8 +191,8 @@ def audit_problems(paths: Iterable[str], options: Options,
             internal = "" if isinstance(exc, OSError) else "internal error: "
             problem = ProblemResult(display, line, max(1, end_column), status="failed",
                                     error=f"{internal}{exc.__class__.__name__}: {exc}")
-            _Finder(problem)("KP501", f"the problem could not be run: {problem.error}",
-                             status="error", error_type=exc.__class__.__name__)
+            Finder(problem)("KP501", f"the problem could not be run: {problem.error}",
+                            status="error", error_type=exc.__class__.__name__)
         problem.findings = assign_fingerprints(problem.findings, {display: lines})
         return problem
 
@@ -313,489 +211,5 @@ def audit_problems(paths: Iterable[str], options: Options,
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems
                       if p.error and p.error.startswith("internal error")]
     report.summary = summarize(report.problems)
+    report.summary["temp"] = budget.usage()
     return report
-
-
-# -- analysis --------------------------------------------------------------------------------
-
-
-class _Finder:
-    """Makes the findings of one problem."""
-
-    def __init__(self, problem: ProblemResult) -> None:
-        self.problem = problem
-
-    def __call__(self, code: str, message: str, **metrics: Any) -> None:
-        rule = rule_by_code(code)
-        assert rule is not None, code
-        where = Location(self.problem.path, self.problem.line, 1, self.problem.line,
-                         self.problem.end_column)
-        finding = rule().finding(where, message,
-                                 **{k: v for k, v in metrics.items() if v is not None})
-        self.problem.findings.append(dataclasses.replace(finding, pass_="problems"))
-
-
-def analyse(result: RunResult, display: str, line: int, options: Options,
-            end_column: int = 1, memory_limit: int | None = None) -> ProblemResult:
-    """`memory_limit`: the job's cap, named when it ran out of memory."""
-    problem = ProblemResult(display, line, max(1, end_column), wall_s=result.wall_s)
-    report = _Finder(problem)
-    manifest: dict[str, Any] | None = result.value if result.ok else _manifest(result)
-    if manifest:
-        problem.device = manifest.get("device")
-    seeds = [s for s in (manifest or {}).get("seeds", []) if s.get("native")]
-    if not result.ok and len(seeds) < options.seeds:
-        phase = (manifest or {}).get("phase") if result.status in ("timeout", "crashed") \
-            else result.phase
-        if phase and not result.phase:
-            result.phase = phase
-        _not_run(problem, report, result, memory_limit)
-        return problem
-    try:
-        return _probe(problem, report, result, manifest or {}, seeds, options)
-    except (OutputError, ValueError, RuntimeError) as exc:
-        problem.findings.clear()
-        result.status, result.phase = "error", "output"
-        result.error_type, result.error = type(exc).__name__, str(exc)
-        _not_run(problem, report, result)
-        return problem
-
-
-def _manifest(result: RunResult) -> dict[str, Any] | None:
-    try:
-        data = result.read_json(MANIFEST)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _not_run(problem: ProblemResult, report: _Finder, result: RunResult,
-             memory_limit: int | None = None) -> None:
-    problem.status = "failed"
-    problem.error = result.describe() + memory_note(result, memory_limit)
-    tail = "\n".join(result.stderr_tail.strip().splitlines()[-15:])[-1500:]
-    report("KP501", f"the problem could not be run: {problem.error}",
-           status=result.status, phase=result.phase, stderr_tail=tail or None)
-
-
-@dataclass
-class Component:
-    """One output tensor of one run, as the child saved it (see `problem_job`)."""
-
-    shape: list[int]
-    dtype: str
-    numel: int
-    #: 1-D: every element, or the values at the sampled positions of a large output
-    sample: Any
-    #: 1-D: the minimum, maximum and largest magnitude of a sampled output; empty otherwise
-    extremes: Any
-    sampled: bool
-    nan: int
-    inf: int
-
-    @property
-    def values(self) -> Any:
-        """Every value known: exact min, max and max|y| even for a sampled output."""
-        import torch
-
-        return torch.cat([self.sample, self.extremes]) if self.extremes.numel() else self.sample
-
-    @property
-    def floating(self) -> bool:
-        return self.sample.is_floating_point() or self.sample.is_complex()
-
-
-def load_output(result: RunResult, name: str, manifest: dict) -> list[Component]:
-    """A file of `[values, extremes]` pairs, checked against the layout the child recorded."""
-    import torch
-
-    tensors = result.load_tensors(name)
-    layout = (manifest.get("files") or {}).get(name)
-    if not isinstance(layout, list) or not layout or len(tensors) != 2 * len(layout):
-        raise OutputError(f"{name}: {len(tensors)} tensors do not match the recorded layout")
-    components = []
-    for entry, values, extremes in zip(layout, tensors[0::2], tensors[1::2]):
-        dtype = str(values.dtype).removeprefix("torch.")
-        if not isinstance(entry, dict) or entry.get("dtype") != dtype or extremes.dtype != \
-                values.dtype or extremes.dim() != 1:
-            raise OutputError(f"{name}: tensors do not match the recorded layout")
-        if entry.get("sampled"):
-            if values.dim() != 1:
-                raise OutputError(f"{name}: a sampled output must be one-dimensional")
-            nan, inf = int(entry.get("nan", 0)), int(entry.get("inf", 0))
-            numel, shape = int(entry["numel"]), [int(n) for n in entry["shape"]]
-        else:
-            shape, numel = list(values.shape), values.numel()
-            if shape != entry.get("shape"):
-                raise OutputError(f"{name}: shape {shape} differs from the recorded layout")
-            floating = values.is_floating_point()
-            nan = int(torch.isnan(values).sum()) if floating else 0
-            inf = int(torch.isinf(values).sum()) if floating else 0
-        components.append(Component(shape, dtype, numel, values.reshape(-1), extremes,
-                                    bool(entry.get("sampled")), nan, inf))
-    return components
-
-
-def _probe(problem: ProblemResult, report: _Finder, result: RunResult, manifest: dict,
-           seeds: list[dict], options: Options) -> ProblemResult:
-    import torch
-
-    from kaudit.dynamic import probes
-    from kaudit.dynamic.acceptance import best_constant
-
-    outputs = [load_output(result, s["native"], manifest) for s in seeds]
-    _check_consistent(outputs)
-    first = outputs[0]
-    sampled = any(c.sampled for c in first)
-    problem.shapes = [c.shape for c in first]
-    problem.dtypes = [c.dtype for c in first]
-    problem.stats = _stats([c for output in outputs for c in output])
-    problem.stats["numel"] = sum(c.numel for c in first)
-    if sampled:
-        problem.stats["sampled"] = sum(c.sample.numel() for c in first if c.sampled)
-    problem.tolerance = options.tolerance.summary(problem.dtypes[0])
-    atol, rtol = problem.tolerance["atol"], problem.tolerance["rtol"]
-    described = _describe_tolerance(options.tolerance, problem.dtypes[0])
-    count = len(outputs)
-    components = range(len(first))
-    # the benchmark's own check; a sampled output passes the pairwise check only with half the
-    # tolerance to spare
-    check = options.tolerance
-    pair_check = check.scaled(probes.SAMPLED_PAIR_SHARE) if sampled else check
-
-    def pair_passes(i: int, j: int) -> bool:
-        return all(pair_check.accepts(outputs[i][c].sample, outputs[j][c].sample)
-                   for c in components)
-
-    def zeros_pass(output: list[Component]) -> bool:
-        return all(not (c.nan or c.inf) and check.accepts(c.values, torch.zeros_like(c.values))
-                   for c in output)
-
-    def finite(output: list[Component]) -> bool:
-        return not any(c.nan or c.inf for c in output)
-
-    # per seed: zeros, its own best constant, and whether the next seed's output passes
-    for i, (record, output) in enumerate(zip(seeds, outputs)):
-        stats = _stats(output)
-        constants = [best_constant([c.values], check) if finite(output) else (False, None)
-                     for c in output]
-        entry = {"seed": record["seed"], "max_abs": stats["max_abs"], "std": stats["std"],
-                 "zeros_pass": zeros_pass(output),
-                 "constant_pass": all(ok for ok, _ in constants),
-                 "constant": constants[0][1] if constants[0][0] else None}
-        if count > 1:
-            entry["other_input_seed"] = seeds[(i + 1) % count]["seed"]
-            entry["other_input_pass"] = pair_passes(i, (i + 1) % count)
-        problem.seeds.append(entry)
-
-    problem.zeros_pass = all(entry["zeros_pass"] for entry in problem.seeds)
-    all_finite = all(finite(output) for output in outputs)
-    per_component = [best_constant([o[c].values for o in outputs], check) if all_finite else (False, None) for c in components]
-    problem.constant_pass = all(ok for ok, _ in per_component)
-    problem.constant = per_component[0][1] if problem.constant_pass else None
-    pairs = [(i, j) for i in range(count) for j in range(count) if i != j]
-    passing = sum(pair_passes(i, j) for i, j in pairs)
-    problem.other_input_pairs = {"passing": passing, "total": len(pairs)}
-    problem.other_input_pass = (passing == len(pairs)) if pairs else None
-    digests = {s.get("inputs") for s in seeds}
-    same_inputs = count > 1 and len(digests) == 1
-    max_abs = problem.stats["max_abs"]
-    seeds_text = f"all {count} seeds" if count > 1 else "the seed"
-    sample_text = (f" (pairs compared on {problem.stats['sampled']} sampled elements of "
-                   f"{problem.stats['numel']}, with half the tolerance)") if sampled else ""
-
-    def spread(i: int, j: int) -> float:
-        return max((float((outputs[i][c].sample.double() - outputs[j][c].sample.double())
-                          .abs().max()) for c in components if outputs[i][c].sample.numel()),
-                   default=0.0)
-
-    if problem.zeros_pass:
-        report("KP101", f"an all-zeros output passes the check ({described}) on {seeds_text}: "
-               f"max|y| = {_g(max_abs)}", max_abs=max_abs, atol=atol, rtol=rtol)
-    if problem.constant_pass:
-        low, high = problem.stats["min"], problem.stats["max"]
-        report("KP102", f"the constant {_g(problem.constant)} passes the check ({described}) on "
-               f"{seeds_text}: the reference spans [{_g(low)}, {_g(high)}] "
-               f"(std {_g(problem.stats['std'])})", constant=problem.constant, min=low, max=high,
-               std=problem.stats["std"], atol=atol, rtol=rtol)
-    if problem.other_input_pass:
-        largest = max(spread(i, j) for i, j in pairs)
-        why = ("get_inputs() returns the same inputs for every seed, so a stored output passes"
-               if same_inputs else "the check cannot tell whether the output depends on the input")
-        report("KP103", f"the reference output for other inputs passes the check ({described}): "
-               f"{passing} of {len(pairs)} seed pairs pass, largest |y_i - y_j| = {_g(largest)}"
-               f"{sample_text}; {why}", pairs_passing=passing, pairs=len(pairs),
-               largest_difference=largest, same_inputs=same_inputs, sampled=sampled)
-
-    # the float64 twin of the first seed: the reference's own rounding gap, basis of thresholds
-    fp64_notes: list[str] = []
-    gaps = []
-    if seeds[0].get("fp64"):
-        try:
-            twin = load_output(result, seeds[0]["fp64"], manifest)
-            _check_twin(first, twin)
-            gaps.append(probes.combine([probes.gap(a.sample, b.sample)
-                                        for a, b in zip(first, twin)]))
-            problem.seeds[0]["fp64_gap"] = gaps[0].to_dict()
-        except OutputError as exc:
-            gaps = []
-            fp64_notes.append(f"no usable float64 reference: {exc}")
-    else:
-        fp64_notes.append("no float64 reference: "
-                          + (manifest.get("fp64_error") or _stopped(result, "the float64 run")))
-    floating = all(c.floating for c in first)
-    noise = False
-    if gaps:
-        problem.gap = probes.combine(gaps).to_dict()
-        noise = floating and all_finite and probes.combine(gaps).rel_l2 > probes.NOISE_RELATIVE_L2
-    problem.recommended = _recommend(first, gaps, floating, all_finite, noise)
-
-    # degenerate references
-    reasons = []
-    if problem.stats["nonfinite"]:
-        reasons.append(f"the reference output holds {problem.stats['nan']} NaN and "
-                       f"{problem.stats['inf']} Inf values: allclose rejects every kernel there")
-    elif max_abs == 0:
-        reasons.append(f"the reference output is all zeros on {seeds_text}")
-    elif problem.stats["numel"] > 1 and all(float(c.values.double().max() -
-                                                  c.values.double().min()) == 0
-                                            for output in outputs for c in output):
-        reasons.append("every element of the reference output has the same value")
-    if same_inputs:
-        reasons.append("get_inputs() returns the same inputs for every seed")
-    elif count > 1 and all_finite and max_abs:
-        largest = max(spread(i, j) for i, j in pairs)
-        if largest <= probes.SAME_OUTPUT_RELATIVE * max_abs:
-            reasons.append(f"the reference output does not change with the inputs (largest "
-                           f"difference between seeds {_g(largest)}, max|y| {_g(max_abs)})")
-    if noise:
-        reasons.append(f"the reference output is rounding noise: the {problem.dtypes[0]} and "
-                       f"float64 references differ by relative L2 {_g(problem.gap['rel_l2'])} "
-                       f"(max|y| {_g(max_abs)})")
-    problem.degenerate = reasons
-    if reasons:
-        report("KP104", "degenerate reference: " + "; ".join(reasons), reasons=len(reasons))
-
-    # how much of the check is atol at this scale
-    if floating and all_finite and max_abs and first[0].sample.numel():
-        problem.absolute = probes.absolute_dominance(first[0].sample, atol, rtol)
-        share, effective = problem.absolute["share"], problem.absolute["effective_rtol_at_median"]
-        loose = effective is None or rtol == 0 or effective >= probes.LOOSENESS * rtol
-        if share is not None and share >= 0.5 and loose:
-            median = problem.absolute["median_abs"]
-            allowed = "any relative error" if effective is None else \
-                f"a relative error of {_g(effective)}" + \
-                (f" ({effective:.0%})" if effective < 10 else "")
-            report("KP201", f"atol {_g(atol)} outweighs rtol·|y| on {share:.0%} of the elements "
-                   f"at this output scale (max|y| = {_g(max_abs)}, median |y| = {_g(median)}): "
-                   f"the check allows {allowed} at the median element; "
-                   f"{_recommendation_text(problem.recommended)}",
-                   share=share, max_abs=max_abs, median_abs=median,
-                   effective_rtol_at_median=effective, atol=atol, rtol=rtol,
-                   recommended_rel_l2=(problem.recommended or {}).get("rel_l2"),
-                   recommended_max_rel=(problem.recommended or {}).get("max_rel"))
-
-    # input scales: conditioning
-    thresholds = problem.recommended if problem.recommended and problem.recommended.get(
-        "usable") and floating else None
-    scale_one: dict[str, Any] = {"scale": 1.0, "ran": True}
-    if problem.gap:
-        scale_one.update(problem.gap)
-    problem.scales.append(scale_one)
-    for record in manifest.get("scales", []):
-        problem.scales.append(_scale(record, first, result, manifest, thresholds, problem,
-                                     report, fp64_notes))
-    done = {record.get("scale") for record in manifest.get("scales", [])}
-    for scale in options.scales:
-        if scale != 1 and scale not in done:
-            fp64_notes.append(f"input scale {scale:g} was not run: "
-                              + _stopped(result, "the scaled runs"))
-            problem.scales.append({"scale": scale, "ran": False})
-    problem.scales.sort(key=lambda s: s["scale"])
-    if fp64_notes:
-        report("KP502", "conditioning not (fully) measured: " + "; ".join(fp64_notes),
-               notes=len(fp64_notes))
-    problem.status = "ok" if result.ok else "partial"
-    if not result.ok:
-        problem.error = result.describe()
-    return problem
-
-
-def _stats(components: list[Component]) -> dict[str, Any]:
-    from kaudit.dynamic import probes
-
-    stats = probes.summary_stats([c.values for c in components])
-    stats["nan"] = sum(c.nan for c in components)
-    stats["inf"] = sum(c.inf for c in components)
-    stats["nonfinite"] = stats["nan"] + stats["inf"]
-    return stats
-
-
-def _scale(record: dict, first: list[Component], result: RunResult, manifest: dict,
-           thresholds: dict | None, problem: ProblemResult, report: _Finder,
-           notes: list[str]) -> dict[str, Any]:
-    from kaudit.dynamic import probes
-
-    scale = record["scale"]
-    entry: dict[str, Any] = {"scale": scale, "ran": bool(record.get("native"))}
-    if record.get("error"):
-        notes.append(f"input scale {scale:g} failed: {record['error']}")
-        return entry
-    if not record.get("native"):
-        notes.append(f"input scale {scale:g} was not run: "
-                     + _stopped(result, "the scaled runs"))
-        return entry
-    if not record.get("fp64"):
-        if record.get("fp64_error") and not any("float64" in note for note in notes):
-            notes.append(f"input scale {scale:g} has no float64 reference: {record['fp64_error']}")
-        return entry
-    native = load_output(result, record["native"], manifest)
-    if [c.shape for c in native] != [c.shape for c in first]:
-        notes.append(f"the output's shape changes at input scale {scale:g}: {_signature(native)}")
-        return entry
-    twin = load_output(result, record["fp64"], manifest)
-    try:
-        _check_twin(native, twin)
-    except OutputError as exc:
-        if not any("float64" in note for note in notes):
-            notes.append(f"input scale {scale:g} has no usable float64 reference: {exc}")
-        return entry
-    measured = probes.combine([probes.gap(a.sample, b.sample) for a, b in zip(native, twin)])
-    # NaN/Inf outside the sample of a large output: counted by the child
-    native_nonfinite = max(measured.native_nonfinite,
-                           sum(c.nan + c.inf for c in native) - sum(c.nan + c.inf for c in twin))
-    reference_nonfinite = max(measured.reference_nonfinite, sum(c.nan + c.inf for c in twin))
-    measured = probes.Gap(measured.rel_l2, measured.max_rel, native_nonfinite, reference_nonfinite)
-    entry.update(measured.to_dict())
-    if thresholds is None:
-        return entry
-    dtype = problem.dtypes[0]
-    why = None
-    if measured.reference_nonfinite:
-        why = (f"the float64 reference itself is not finite ({measured.reference_nonfinite} "
-               "NaN/Inf values): the problem is undefined there")
-    elif measured.native_nonfinite:
-        why = (f"the {dtype} reference has {measured.native_nonfinite} NaN/Inf values where "
-               "float64 is finite (overflow)")
-    elif measured.rel_l2 > thresholds["rel_l2"] or measured.max_rel > thresholds["max_rel"]:
-        why = (f"the {dtype} and float64 references differ by relative L2 {_g(measured.rel_l2)} "
-               f"and max error/max|y| {_g(measured.max_rel)}, beyond the recommended "
-               f"{_g(thresholds['rel_l2'])} / {_g(thresholds['max_rel'])}")
-    entry["ill_conditioned"] = why is not None
-    if why:
-        report("KP301", f"ill-conditioned at input scale {scale:g}: {why}; a kernel must not be "
-               "blamed for disagreeing with the reference there", scale=scale,
-               rel_l2=_finite(measured.rel_l2), max_rel=_finite(measured.max_rel),
-               native_nonfinite=measured.native_nonfinite,
-               reference_nonfinite=measured.reference_nonfinite)
-    return entry
-
-
-def _recommend(first: list, gaps: list, floating: bool, finite: bool, noise: bool
-               ) -> dict[str, Any] | None:
-    from kaudit.dynamic import probes
-
-    if not floating:
-        return {"rel_l2": 0.0, "max_rel": 0.0, "usable": True,
-                "basis": "integer or boolean output: compare exactly"}
-    if not gaps or not finite:
-        return None
-    measured = probes.combine(gaps)
-    if not (math.isfinite(measured.rel_l2) and math.isfinite(measured.max_rel)):
-        return None
-    floor = max(probes.floor_for(c.sample.dtype) for c in first)
-    return {
-        "rel_l2": max(probes.MARGIN * measured.rel_l2, floor),
-        "max_rel": max(probes.MARGIN * measured.max_rel, floor),
-        "measured_rel_l2": measured.rel_l2, "measured_max_rel": measured.max_rel,
-        "margin": probes.MARGIN, "floor": floor, "usable": not noise,
-        "basis": (f"{probes.MARGIN:g} x the gap between the native-dtype and float64 references "
-                  f"on the first seed's inputs, at least {probes.FLOOR_EPS:g} machine epsilons"),
-    }
-
-
-def _recommendation_text(recommended: dict | None) -> str:
-    if not recommended:
-        return "no scale-invariant threshold recommended (no float64 reference)"
-    if not recommended.get("usable"):
-        return "no threshold can judge this output: it is rounding noise"
-    return (f"recommended instead: relative L2 error <= {_g(recommended['rel_l2'])} and "
-            f"max|error|/max|y| <= {_g(recommended['max_rel'])}")
-
-
-def _check_consistent(outputs: list[list[Component]]) -> None:
-    first = outputs[0]
-    for output in outputs[1:]:
-        if _signature(output) != _signature(first):
-            raise OutputError("the output's shape or dtype changes with the seed: "
-                              f"{_signature(first)} vs {_signature(output)}")
-
-
-def _check_twin(native: list[Component], twin: list[Component]) -> None:
-    if [c.shape for c in native] != [c.shape for c in twin]:
-        raise OutputError(f"the float64 run's output {_signature(twin)} does not match "
-                          f"{_signature(native)}")
-    for a, b in zip(native, twin):
-        if a.floating and b.dtype != "float64":
-            raise OutputError(f"the float64 run returned {b.dtype} outputs, not float64 "
-                              "(does the model cast inside forward?)")
-
-
-def _signature(output: list[Component]) -> str:
-    return ", ".join(f"{c.dtype}{c.shape}" for c in output)
-
-
-def _stopped(result: RunResult, what: str) -> str:
-    if result.ok:
-        return f"{what} was skipped"
-    return f"{what} did not finish ({result.describe()})"
-
-
-def _describe_tolerance(tolerance: Tolerance, dtype: str) -> str:
-    return f"{tolerance.check_text(dtype)} for {dtype}"
-
-
-def _g(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return f"{value:.3g}"
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-# -- summary ---------------------------------------------------------------------------------
-
-COUNTED = {
-    "zeros_pass": lambda p: bool(p.zeros_pass),
-    "constant_pass": lambda p: bool(p.constant_pass),
-    "other_input_pass": lambda p: bool(p.other_input_pass),
-    "any_trivial_pass": lambda p: bool(p.zeros_pass or p.constant_pass or p.other_input_pass),
-    "degenerate": lambda p: bool(p.degenerate),
-    "absolute_dominated": lambda p: "KP201" in p.codes(),
-    "ill_conditioned": lambda p: "KP301" in p.codes(),
-}
-
-
-def summarize(problems: list[ProblemResult]) -> dict[str, Any]:
-    """Counts over all problems and per folder (a benchmark level)."""
-    def counts(group: list[ProblemResult]) -> dict[str, Any]:
-        row: dict[str, Any] = {"problems": len(group),
-                               "ran": sum(p.status != "failed" for p in group),
-                               "failed": sum(p.status == "failed" for p in group)}
-        for name, test in COUNTED.items():
-            row[name] = sum(test(p) for p in group)
-        row["paths"] = {name: [p.path for p in group if COUNTED[name](p)]
-                        for name in ("zeros_pass", "constant_pass", "other_input_pass")}
-        row["paths"]["failed"] = [p.path for p in group if p.status == "failed"]
-        return row
-
-    folders: dict[str, list[ProblemResult]] = {}
-    for problem in problems:
-        folders.setdefault(os.path.dirname(problem.path) or ".", []).append(problem)
-    summary = counts(problems)
-    summary["groups"] = [{"key": key, **counts(group)} for key, group in folders.items()]
-    return summary

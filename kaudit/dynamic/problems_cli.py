@@ -43,18 +43,19 @@ def stream_line(problem) -> dict:
 def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
                 rtol: float | None, device: str, seeds: int, scales: str, timeout: float,
                 jobs: int, output_format: str, output: Path | None, fail_on: str | None,
-                memory_limit: str | None = None,
+                memory_limit: str | None = None, temp_limit: str | None = None,
                 before_output: Callable[[], None] = lambda: None,
                 stream: Path | None = None) -> int:
     """`before_output`: called once every problem ran, before anything is written (the CLI's
     check that kaudit's own code did not change). `stream`: a file that gets one JSON line per
     problem as it ends."""
-    from kaudit.dynamic.limits import parse_memory_limit
+    from kaudit.dynamic.limits import parse_memory_limit, parse_temp_limit
     from kaudit.dynamic.tolerance import resolve
 
     try:
         chosen = resolve(tolerance, atol, rtol)
         memory = parse_memory_limit(memory_limit) if memory_limit is not None else None
+        temp = parse_temp_limit(temp_limit) if temp_limit is not None else None
     except ValueError as exc:
         raise ProblemsUsageError(str(exc)) from exc
     if seeds < 1 or timeout <= 0 or jobs < 1:
@@ -70,7 +71,7 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
     from kaudit.dynamic.problems import Options, audit_problems
 
     options = Options(chosen, device=device, seeds=seeds, scales=parse_scales(scales),
-                      timeout=timeout, jobs=jobs, memory_limit=memory,
+                      timeout=timeout, jobs=jobs, memory_limit=memory, temp_limit=temp,
                       benchmark_checks=tolerance is None and atol is None and rtol is None)
     progress = DelayedProgress("running problems")
     lines = None

@@ -89,6 +89,13 @@ def summary_lines(report: ProblemsReport) -> list[str]:
     total = summary.get("problems", 0)
     lines.append(f"{_counts(summary) if total else 'no problems audited'} "
                  f"({_tolerance_text(report)}, device {report.device})")
+    temp = summary.get("temp") or {}
+    if temp.get("peak_bytes"):
+        from kaudit.dynamic.limits import format_size
+
+        limit = temp.get("limit_bytes")
+        lines.append(f"temporary disk: peak {format_size(temp['peak_bytes'])}"
+                     + (f" of the {format_size(limit)} limit" if limit else ", no limit"))
     return lines
 
 

@@ -22,8 +22,12 @@ defended):
 - its own session and process group, and a supervisor that kills every process it left (the PID
   namespace does it with the sandbox); on timeout kaudit SIGKILLs the supervisor and the group;
 - a fresh folder with a neutral name (`work` its working folder, `out` for its files, `tmp` its
-  TMPDIR and caches, `lib` the harness package, `in` the files the job is given), removed
-  afterwards;
+  TMPDIR and caches, `lib` the harness package), removed afterwards; the inputs of its problem,
+  written once by the problem's reference job and shared read-only by the problem's other jobs
+  (`share_inputs`, `Job.inputs`, `args["in_dir"]`), never copied;
+- a bounded share of the scan's temporary disk (`scratch.start_budget`, `--temp-limit`): each
+  file it writes is capped at what is left of the limit when it starts, and a job whose folder
+  takes the scan's temporary files over the limit fails with EDQUOT (KD504 / KP501);
 - a scrubbed environment, exactly that and the job's own variables: PATH, HOME, locale,
   CUDA_VISIBLE_DEVICES, CUDA_HOME, LD_LIBRARY_PATH, OMP_NUM_THREADS and TORCH_* / PYTORCH_*
   variables pass; everything else (tokens, cloud keys, proxies) is dropped; PYTHONPATH is the
@@ -42,18 +46,18 @@ Every failure (crash, signal, timeout, import error, OOM, a result that is not J
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kaudit.dynamic import sandbox, scratch
+from kaudit.dynamic import gpu_share, sandbox, scratch
 from kaudit.dynamic.forkserver import Launch, copy_harness
 from kaudit.dynamic.harness.child import traced
 
@@ -68,7 +72,7 @@ FILE_SIZE_LIMIT = 64 << 30
 #: RLIMIT_NPROC of a job: processes of its user (not enforced for root)
 PROCESS_LIMIT = 4096
 #: what a job's folder holds
-FOLDERS = ("work", "out", "tmp", "lib", "in")
+FOLDERS = ("work", "out", "tmp", "lib")
 
 OK, ERROR, OOM, TIMEOUT, CRASHED = "ok", "error", "oom", "timeout", "crashed"
 
@@ -88,15 +92,17 @@ class Job:
     cpu_limit: float | None = None
     #: variables added to the scrubbed environment
     env: Mapping[str, str] = field(default_factory=dict)
-    #: files and folders copied into the job's folder before it starts: path inside the folder
-    #: (`in/inputs_a.pt`, `build`) -> source
-    files: Mapping[str, str] = field(default_factory=dict)
+    #: the inputs of its problem (`share_inputs`): read-only, named to the job as `in_dir`
+    inputs: SharedInputs | None = None
     #: folders the job reads (a kernel's and its problem's): visible, read-only, in the sandbox
     visible: tuple[str, ...] = ()
     #: folders outside its own folder it may write (its kernel's build folder)
     writable: tuple[str, ...] = ()
     #: RLIMIT_FSIZE in bytes
     file_size_limit: int = FILE_SIZE_LIMIT
+    #: the GPU it runs on (CUDA_VISIBLE_DEVICES, its memory cap, the GPU's lock and the retry of
+    #: an out-of-memory failure alone on it: `gpu_share`); None on CPU
+    gpu: gpu_share.GpuClaim | None = None
 
 
 @dataclass
@@ -116,6 +122,10 @@ class RunResult:
     #: the OSError number of a job that failed on one (ENOSPC: the disk is full)
     errno: int | None = None
     out_dir: Path | None = None
+    #: it ran out of GPU memory beside other jobs, and this is its run alone on the GPU
+    retried_alone: bool = False
+    #: for a job that ran out of GPU memory even alone on the GPU: what was free then
+    gpu_note: str = ""
     _root: Path | None = field(default=None, repr=False)
 
     @property
@@ -131,10 +141,10 @@ class RunResult:
             return f"timed out after {self.wall_s:.0f} s{where}"
         head = f"{self.error_type}: {self.error}" if self.error_type else self.error
         if self.status == OOM:
-            return f"out of memory{where}: {head}"
+            return f"out of memory{where}: {head}{self.gpu_note}"
         if self.status == CRASHED:
-            return f"crashed{where}: {head}"
-        return f"failed{where}: {head}"
+            return f"crashed{where}: {head}{self.gpu_note}"
+        return f"failed{where}: {head}{self.gpu_note}"
 
     @property
     def root(self) -> Path | None:
@@ -198,6 +208,54 @@ class RunResult:
         self.close()
 
 
+class InputsChanged(RuntimeError):
+    """A problem's shared inputs changed after they were written (a job without the sandbox
+    wrote them): the jobs that would read them are not run."""
+
+
+@dataclass(frozen=True)
+class SharedInputs:
+    """Files of a problem's inputs, in a folder of their own, written once and read-only."""
+
+    folder: Path
+    #: (name, inode, size, ctime, mode) of each file when shared: a write or chmod changes ctime
+    signature: tuple
+
+    def check(self) -> None:
+        if _signature(self.folder) != self.signature:
+            raise InputsChanged(f"the shared inputs in {self.folder} changed after they were "
+                                "written")
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+
+def _signature(folder: Path) -> tuple:
+    found = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        info = entry.stat(follow_symlinks=False)
+        found.append((entry.name, info.st_ino, info.st_size, info.st_ctime_ns, info.st_mode))
+    return tuple(found)
+
+
+def share_inputs(result: RunResult, names: list[str]) -> SharedInputs:
+    """Move the files `names` out of a finished job's output folder into a folder of their own,
+    read-only: a problem's inputs, handed to each of its later jobs (`Job.inputs`) instead of a
+    copy per job. Remove it with `scratch.remove(shared.folder)`."""
+    folder = scratch.folder()
+    try:
+        for name in names:
+            os.replace(result.path(name), folder / name)
+            os.chmod(folder / name, 0o444)
+        scratch.charge(folder)
+        if result.root is not None:
+            scratch.charge(result.root)
+        return SharedInputs(folder, _signature(folder))
+    except BaseException:
+        scratch.remove(folder)
+        raise
+
+
 class OutputError(ValueError):
     """A file from the child is not what the parent expects (type, shape, dtype)."""
 
@@ -216,9 +274,18 @@ def scrubbed_environment(extra: Mapping[str, str] | None = None,
 
 
 def run_job(job: Job) -> RunResult:
-    """Run `job` in a child process and wait for it (at most `job.timeout` seconds). Raises
-    `sandbox.SandboxError` for `--sandbox on` where the sandbox cannot be built, and OSError when
-    the job's folder cannot be made (a full disk): nothing ran then."""
+    """Run `job` in a child process and wait for it (at most `job.timeout` seconds); on a GPU
+    (`job.gpu`), under that GPU's shared lock, and once more alone on it when it ran out of
+    memory (`gpu_share.run_claimed`). Raises `sandbox.SandboxError` for `--sandbox on` where the
+    sandbox cannot be built, and OSError when the job's folder cannot be made (a full disk):
+    nothing ran then."""
+    if job.gpu is not None:
+        placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
+        return gpu_share.run_claimed(placed, job.gpu, _run_once)
+    return _run_once(job)
+
+
+def _run_once(job: Job) -> RunResult:
     sandbox.protect_parent()
     confined = sandbox.active()
     root = scratch.folder()
@@ -234,28 +301,28 @@ def run_job(job: Job) -> RunResult:
 
 
 def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None) -> RunResult:
-    work, out, tmp, lib, given = (root / name for name in FOLDERS)
-    for folder in (work, out, tmp, lib, given):
+    work, out, tmp, lib = (root / name for name in FOLDERS)
+    for folder in (work, out, tmp, lib):
         folder.mkdir()
     copy_harness(lib)
-    for inside, source in job.files.items():
-        target = root / inside
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.isdir(source):
-            shutil.copytree(source, target, symlinks=True)
-        else:
-            shutil.copyfile(source, target)
     writable = [str(work), str(out), str(tmp), *job.writable]
-    visible = [str(lib), str(given), *job.visible]
+    visible = [str(lib), *job.visible]
+    args = dict(job.args)
+    if job.inputs is not None:
+        job.inputs.check()
+        visible.append(str(job.inputs.folder))
+        args["in_dir"] = str(job.inputs.folder)
+    allowance = scratch.left()
+    file_size_limit = job.file_size_limit if allowance is None else \
+        max(1 << 20, min(job.file_size_limit, allowance))
     where, _, _ = job.target.rpartition(":")
     if where.endswith(".py"):
         visible.append(os.path.dirname(os.path.abspath(where)))
     spec_path, result_path = root / "spec.json", root / "result.json"
-    args = {**job.args, "in_dir": str(given)} if job.files else dict(job.args)
     spec = {"target": job.target, "args": args, "seed": job.seed,
             "out_dir": str(out), "result": str(result_path),
             "memory_limit": job.memory_limit, "cpu_limit": job.cpu_limit,
-            "file_size_limit": job.file_size_limit, "process_limit": PROCESS_LIMIT,
+            "file_size_limit": file_size_limit, "process_limit": PROCESS_LIMIT,
             "cgroup": cgroup.procs if cgroup is not None else None,
             "sandbox": sandbox.plan_for(root, visible, writable) if confined else None}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
@@ -281,7 +348,36 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     result.stdout_tail = _tail(stdout_path)
     result.stderr_tail = _tail(stderr_path)
     _interpret(result, result_path, end.timed_out)
+    _check_temp_limit(result, root,
+                      file_size_limit if file_size_limit < job.file_size_limit else None)
     return result
+
+
+def _check_temp_limit(result: RunResult, root: Path, cap: int | None) -> None:
+    """Charge the job's folder to the scan's temporary disk; a job that took the total over the
+    limit, or failed on a file as large as `cap` (what was left of the limit when it started),
+    failed on the limit (EDQUOT)."""
+    size = scratch.charge(root)
+    hit_cap = cap is not None and not result.ok and (
+        result.errno == errno.EFBIG or _largest_file(root) >= cap)
+    if scratch.over_limit() is None and not hit_cap:
+        return
+    from kaudit.dynamic.limits import format_size
+
+    limit = scratch.usage()["limit_bytes"] or 0
+    result.status, result.errno, result.error_type = ERROR, errno.EDQUOT, "TempLimitExceeded"
+    result.error = (f"the scan's temporary files reached its limit of {format_size(limit)} "
+                    f"(this job's folder: {format_size(size)}; --temp-limit moves it)"
+                    + (f"; the job's error: {result.error}" if result.error else ""))
+
+
+def _largest_file(root: Path) -> int:
+    sizes = [0]
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                sizes.append(os.lstat(os.path.join(directory, name)).st_size)
+    return max(sizes)
 
 
 def _python_path(lib: Path) -> str:

@@ -7,11 +7,17 @@ its `folders` file. Everything is removed when it is no longer needed, at exit, 
 (`exit_on_sigterm`, after the running jobs are killed). What a killed
 kaudit (SIGKILL) leaves behind is removed by the next one: `remove_stale()` deletes `kaudit-*`
 folders older than STALE_AFTER seconds and the neutral folders they list.
+
+The temporary disk of a scan is bounded (`--temp-limit`, `start_budget`): each job's folder is
+measured when the job ends (`charge`: blocks in use, the inputs folders shared by a problem's jobs
+too), the peak of all live folders together is reported (`usage`), and the runner caps each file
+a job writes at what is left (`left`) and fails a job whose folder takes the total over the limit.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import re
 import shutil
 import signal
@@ -30,6 +36,84 @@ _lock = threading.Lock()
 _own: Path | None = None
 _live: set[Path] = set()
 _on_terminate: list[Callable[[], None]] = []
+#: the default `--temp-limit`: this share of the free space of the temporary folder's disk
+DEFAULT_TEMP_SHARE = 0.8
+
+
+class TempBudget:
+    """The temporary-disk limit of one scan (bytes; None: none) and what its folders hold."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.live: dict[Path, int] = {}
+        self.peak = 0
+
+    def held(self) -> int:
+        return sum(self.live.values())
+
+    def usage(self) -> dict[str, int | None]:
+        return {"limit_bytes": self.limit, "peak_bytes": self.peak}
+
+
+_budget = TempBudget(None)
+
+
+def default_temp_limit() -> int | None:
+    """DEFAULT_TEMP_SHARE of what is free where the temporary folders go; None if unknown."""
+    try:
+        found = os.statvfs(tempfile.gettempdir())
+    except OSError:
+        return None
+    return int(found.f_bavail * found.f_frsize * DEFAULT_TEMP_SHARE)
+
+
+def start_budget(limit: int | None) -> TempBudget:
+    """A new scan's budget: `limit` bytes of temporary disk (0: none; None: the default)."""
+    global _budget
+    chosen = None if limit == 0 else (limit if limit is not None else default_temp_limit())
+    with _lock:
+        _budget = TempBudget(chosen)
+        return _budget
+
+
+def left() -> int | None:
+    """Bytes of the limit not held by live folders (None without a limit)."""
+    with _lock:
+        return None if _budget.limit is None else max(0, _budget.limit - _budget.held())
+
+
+def charge(path: Path) -> int:
+    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders;
+    returns its size."""
+    size = disk_usage(path)
+    with _lock:
+        _budget.live[path] = size
+        _budget.peak = max(_budget.peak, _budget.held())
+    return size
+
+
+def over_limit() -> int | None:
+    """By how many bytes the live folders exceed the limit, or None."""
+    with _lock:
+        excess = None if _budget.limit is None else _budget.held() - _budget.limit
+        return excess if excess is not None and excess > 0 else None
+
+
+def usage() -> dict[str, int | None]:
+    """The scan's limit and the peak its temporary folders reached, for the summary."""
+    with _lock:
+        return _budget.usage()
+
+
+def disk_usage(path: Path) -> int:
+    total = 0
+    for directory, folders, names in os.walk(path):
+        for name in [*names, *folders]:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 def own_folder() -> Path:
@@ -60,6 +144,7 @@ def remove(path: Path | None) -> None:
     shutil.rmtree(path, ignore_errors=True)
     with _lock:
         _live.discard(path)
+        _budget.live.pop(path, None)
 
 
 def remove_all() -> None:

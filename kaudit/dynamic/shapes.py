@@ -25,6 +25,7 @@ import ast
 import os
 from typing import Any
 
+from kaudit.dynamic import scratch
 from kaudit.dynamic.judge import (
     SCALE_FREE,
     SCALE_FREE_DEFAULT,
@@ -36,7 +37,7 @@ from kaudit.dynamic.judge import (
     scale_free_errors,
     size_limit,
 )
-from kaudit.dynamic.runner import Job, OutputError, run_job
+from kaudit.dynamic.runner import Job, OutputError, run_job, share_inputs
 
 #: module-level integers below this are counts and kernel sizes, not tensor sizes
 MIN_SIZE = 8
@@ -148,11 +149,17 @@ def _sized_run(reference_job: Job, plain_job: Job, sizes: dict[str, Any],
             expected = reference.load_tensors("ref_a.pt")
         except OutputError:
             return "", None, ""
-        given = {"in/inputs_a.pt": str(reference.path("inputs_a.pt")),
-                 "in/init.pt": str(reference.path("init.pt"))}
-        with run_job(Job(plain_job.target, {**plain_job.args, "calls": 1},
-                         **{**_fields(plain_job), "files": given})) as plain:
-            return None, _fragile(plain, expected), _timed_input(reference)
+        timed = _timed_input(reference)
+        for name in reference.files():  # the plain run sees the inputs only
+            if name not in ("inputs_a.pt", "init.pt"):
+                reference.path(name).unlink()
+        shared = share_inputs(reference, ["inputs_a.pt", "init.pt"])
+        try:
+            with run_job(Job(plain_job.target, {**plain_job.args, "calls": 1},
+                             **{**_fields(plain_job), "inputs": shared})) as plain:
+                return None, _fragile(plain, expected), timed
+        finally:
+            scratch.remove(shared.folder)
 
 
 def _timed_input(reference: Any) -> str:
@@ -187,7 +194,7 @@ def _fragile(plain: Any, expected: list) -> str | None:
 
 def _fields(job: Job) -> dict[str, Any]:
     return {name: getattr(job, name) for name in ("timeout", "seed", "memory_limit", "cpu_limit",
-                                                  "env", "files", "visible", "writable")}
+                                                  "env", "inputs", "visible", "writable", "gpu")}
 
 
 def _read(path: str) -> str:

@@ -46,7 +46,21 @@ def render(report: Report, console: Console) -> None:
         console.print(escape(verdict_line(report)), soft_wrap=True)
         if verified_line(report):
             console.print(escape(verified_line(report)), soft_wrap=True)
+        if _temp_line(report):
+            console.print(escape(_temp_line(report)), soft_wrap=True)
     console.print(escape(summary(report)), soft_wrap=True)
+
+
+def _temp_line(report: Report) -> str:
+    """The dynamic pass's temporary disk: the peak its jobs' folders reached, and the limit."""
+    temp = (report.summary.get("dynamic") or {}).get("temp") or {}
+    if not temp.get("peak_bytes"):
+        return ""
+    from kaudit.dynamic.limits import format_size
+
+    limit = temp.get("limit_bytes")
+    return f"temporary disk: peak {format_size(temp['peak_bytes'])}" + (
+        f" of the {format_size(limit)} limit (--temp-limit)" if limit else ", no limit")
 
 
 def _verdict_tables(report: Report, console: Console) -> None:

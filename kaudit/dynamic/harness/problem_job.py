@@ -16,7 +16,8 @@ Every output component is saved with `torch.save` as two CPU tensors, `[values, 
 `manifest.json` in the output folder records, after every step, the files so far with their
 layout (shape, dtype, numel, sampled, NaN and Inf counts), so a run that times out or crashes late
 still hands back what it finished. The float64 and scaled runs are optional: their errors are
-recorded and the job goes on.
+recorded and the job goes on. On CUDA, `gpu_memory_fraction` caps the caching allocator (the
+share of the GPU the parent gave this job).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def run_problem(args: dict, out_dir: str) -> dict:
             if not torch.cuda.is_available():
                 raise RuntimeError("CUDA requested but torch.cuda.is_available() is False")
             manifest["device_name"] = torch.cuda.get_device_name(device)
+            if args.get("gpu_memory_fraction"):  # the share the parent gave this job
+                torch.cuda.set_per_process_memory_fraction(float(args["gpu_memory_fraction"]))
         else:
             manifest["device_name"] = "cpu"
         manifest["device"] = str(device)

@@ -1,0 +1,276 @@
+"""GPU memory shared by concurrent jobs and concurrent kaudit processes, decided in kaudit's
+process, never in a job.
+
+- `GpuSlots` hands each kernel (or problem) a visible GPU in turn, and each of its jobs a share
+  of that GPU: `GPU_MEMORY_SHARE` divided by the jobs this process may run on it at once.
+- Every job on a GPU holds a *shared* lock on that GPU's lock file while it runs
+  (`holding`), in a per-user folder that every kaudit process of the user finds
+  (`/tmp/kaudit-gpu-<uid>`, or `KAUDIT_GPU_LOCKS`); a sandboxed job has a private /tmp and never
+  sees it. Locks are `flock` locks, which belong to an open file description, so two threads of
+  one kaudit process conflict as two processes do. A gate lock taken around every acquisition
+  lets a waiting exclusive lock in before shared ones that come after it.
+- A job's cap (`torch.cuda.set_per_process_memory_fraction`, applied by the job) is its share,
+  or less when less is free: the memory free when it starts is measured with NVML through
+  `nvidia-smi` (no CUDA context in kaudit's process), so the cap does not assume this process
+  owns the GPU.
+- A job whose failure looks like running out of memory (`looks_oom`) runs once more holding the
+  GPU's *exclusive* lock (no other kaudit job of this user on that GPU, in any process), capped
+  only by what is free then; only a second failure is reported, with the memory that was free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import secrets
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: share of a GPU's memory the jobs of one kaudit process may take together (caching allocator)
+GPU_MEMORY_SHARE = 0.9
+#: the smallest cap handed to a job (a fraction of the GPU's memory)
+MIN_FRACTION = 0.001
+#: seconds a free-memory measurement is reused
+MEASURE_TTL = 1.0
+LOCKS_ENV = "KAUDIT_GPU_LOCKS"
+_OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda_error_out_of_memory",
+                "cudaerrormemoryallocation")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class GpuClaim:
+    """A job's GPU: `device` its CUDA_VISIBLE_DEVICES entry, `share` the most of the GPU's memory
+    it may take (a fraction) beside this process's other jobs."""
+
+    device: str
+    share: float = GPU_MEMORY_SHARE
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """What NVML says of one GPU (bytes)."""
+
+    uuid: str
+    free: int
+    total: int
+
+
+class GpuSlots:
+    """Hands each concurrent kernel a GPU: the visible GPUs in turn, as evenly as `jobs` allows.
+    `take()` yields the `GpuClaim` of the kernel's jobs (None without a visible GPU)."""
+
+    def __init__(self, jobs: int, visible: list[str] | None = None) -> None:
+        self.gpus = visible if visible is not None else visible_gpus()
+        self.jobs = max(1, jobs)
+        self.busy = {gpu: 0 for gpu in self.gpus}
+        self.lock = threading.Lock()
+        #: each job's share: the GPU's memory shared by the jobs that may run on it at once
+        self.fraction = round(GPU_MEMORY_SHARE / max(1, -(-self.jobs // max(1, len(self.gpus)))),
+                              3)
+
+    @contextlib.contextmanager
+    def take(self) -> Iterator[GpuClaim | None]:
+        if not self.gpus:
+            yield None
+            return
+        with self.lock:
+            gpu = min(self.gpus, key=lambda g: self.busy[g])
+            self.busy[gpu] += 1
+        try:
+            yield GpuClaim(gpu, self.fraction)
+        finally:
+            with self.lock:
+                self.busy[gpu] -= 1
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries for the children."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [entry.strip() for entry in listed.split(",") if entry.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+_measured: tuple[float, dict[str, GpuMemory]] | None = None
+_measure_lock = threading.Lock()
+_names: dict[str, str] = {}
+_warned = False
+
+
+def _nvidia_smi() -> dict[str, GpuMemory]:
+    """Every GPU NVML sees, by index and by UUID; empty when nvidia-smi is missing or fails."""
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,memory.free,memory.total",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
+            check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[str, GpuMemory] = {}
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        fields = [part.strip() for part in line.split(",")]
+        if len(fields) != 4 or not fields[2].isdigit() or not fields[3].isdigit():
+            continue
+        memory = GpuMemory(fields[1], int(fields[2]) << 20, int(fields[3]) << 20)
+        found[fields[0]] = found[fields[1]] = memory
+    return found
+
+
+def gpu_memory(device: str) -> GpuMemory | None:
+    """Free and total memory of the GPU a CUDA_VISIBLE_DEVICES entry names (an index or a UUID),
+    measured at most MEASURE_TTL seconds ago; None when unknown (no nvidia-smi, a MIG entry)."""
+    global _measured
+    with _measure_lock:
+        if _measured is None or time.monotonic() - _measured[0] > MEASURE_TTL:
+            _measured = (time.monotonic(), _nvidia_smi())
+        return _measured[1].get(device)
+
+
+def forget_measurements() -> None:
+    """The next `gpu_memory` measures again (neighbours gave memory back)."""
+    global _measured
+    with _measure_lock:
+        _measured = None
+
+
+def job_fraction(claim: GpuClaim, exclusive: bool = False) -> float:
+    """A job's cap: its share (GPU_MEMORY_SHARE alone on the GPU), or less when less is free."""
+    share = GPU_MEMORY_SHARE if exclusive else claim.share
+    memory = gpu_memory(claim.device)
+    if memory is None or memory.total <= 0:
+        return share
+    free_share = GPU_MEMORY_SHARE * memory.free / memory.total
+    return round(max(MIN_FRACTION, min(share, free_share)), 4)
+
+
+# -- locking ---------------------------------------------------------------------------------
+
+
+def lock_folder() -> Path | None:
+    """The per-user folder of the GPU lock files, made private; None when it cannot be used
+    (another user owns it, it is a link or writable by others): jobs then run unlocked, with a
+    warning on stderr once."""
+    global _warned
+    folder = Path(os.environ.get(LOCKS_ENV) or f"/tmp/kaudit-gpu-{os.getuid()}")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        found = os.lstat(folder)
+        usable = stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and \
+            not found.st_mode & 0o022
+    except OSError:
+        usable = False
+    if usable:
+        return folder
+    with _measure_lock:
+        if not _warned:
+            _warned = True
+            sys.stderr.write(f"kaudit: GPU lock folder {folder} is not usable (not a private "
+                             f"folder of this user; {LOCKS_ENV} names another): GPU jobs run "
+                             "without coordinating with other kaudit processes\n")
+    return None
+
+
+def lock_name(device: str) -> str:
+    """A file name for the GPU: its UUID where NVML knows it (the same GPU under any index), else
+    the host and the entry. Measured once per entry: a GPU keeps its UUID."""
+    with _measure_lock:
+        known = _names.get(device)
+    if known is None:
+        memory = gpu_memory(device)
+        known = _UNSAFE.sub("_", memory.uuid if memory is not None
+                            else f"{socket.gethostname()}-{device}")
+        with _measure_lock:
+            _names[device] = known
+    return known
+
+
+@contextlib.contextmanager
+def holding(device: str, exclusive: bool) -> Iterator[None]:
+    """Hold GPU `device`'s lock, shared or exclusive, across the kaudit processes of this user."""
+    folder = lock_folder()
+    if folder is None:
+        yield
+        return
+    name = lock_name(device)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    gate = os.open(folder / f"{name}.gate", flags, 0o600)
+    try:
+        held = os.open(folder / f"{name}.lock", flags, 0o600)
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            finally:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+            yield
+        finally:
+            os.close(held)  # closing the description releases its lock
+    finally:
+        os.close(gate)
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def looks_oom(result: Any) -> bool:
+    """Whether a job's failure (or a step it recorded as failed, such as a float64 copy) looks
+    like running out of memory."""
+    if result.status == "oom":
+        return True
+    if result.status in ("crashed", "error"):
+        text = f"{result.error_type} {result.error} {result.stderr_tail[-2000:]}".lower()
+        if any(marker in text for marker in _OOM_MARKERS):
+            return True
+    if isinstance(result.value, (dict, list)):
+        text = json.dumps(result.value, default=str)[:1 << 20].lower()
+        return any(marker in text for marker in _OOM_MARKERS)
+    return False
+
+
+def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
+    """Run `job` (a `runner.Job`) with `launch` on its GPU under a shared lock; a failure that
+    looks like out of memory runs once more under the exclusive lock, and the second result is
+    the one returned, with `gpu_note` saying what was free."""
+
+    def capped(exclusive: bool) -> Any:
+        args = {**job.args, "gpu_memory_fraction": job_fraction(claim, exclusive)}
+        if exclusive and "schedule_seed" in args:
+            # a candidate's second run does not repeat the first one's call order (the first
+            # may have left notes in its build folder)
+            args["schedule_seed"] = secrets.randbits(48)
+        return dataclasses.replace(job, args=args)
+
+    with holding(claim.device, exclusive=False):
+        first = launch(capped(False))
+    if not looks_oom(first):
+        return first
+    first.close()
+    with holding(claim.device, exclusive=True):
+        forget_measurements()  # what the neighbours held is free now
+        job_alone = capped(True)
+        memory = gpu_memory(claim.device)
+        second = launch(job_alone)
+    second.retried_alone = True
+    if looks_oom(second):
+        free = f"{memory.free / (1 << 30):.1f} GiB free of {memory.total / (1 << 30):.1f} GiB" \
+            if memory is not None else "free memory unknown"
+        second.gpu_note = (f" (run again alone on GPU {claim.device}, no other kaudit job on it, "
+                           f"{free}, cap {job_alone.args['gpu_memory_fraction']:g} of it)")
+    return second

@@ -1,0 +1,346 @@
+"""GPU memory shared by concurrent jobs and kaudit processes (`kaudit.dynamic.gpu_share`), the
+scan's bounded temporary disk (`scratch.start_budget`) and a problem's inputs written once and
+shared read-only (`runner.share_inputs`). No GPU: the lock protocol runs between real processes,
+and out-of-memory failures are simulated by jobs (or a fake launcher) that report one."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kaudit.dynamic import gpu_share, problems, runner, sandbox, scratch
+from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, GpuClaim, GpuMemory
+from kaudit.dynamic.runner import ERROR, OK, OOM, Job, RunResult, run_job
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEM = ROOT / "fixtures" / "problems" / "good_matmul.py"
+
+HOLDER = '''
+import sys, time
+from pathlib import Path
+from kaudit.dynamic import gpu_share
+release = Path(sys.argv[2])
+with gpu_share.holding("0", exclusive=sys.argv[1] == "exclusive"):
+    Path(sys.argv[3]).write_text("held")
+    while not release.exists():
+        time.sleep(0.02)
+'''
+
+JOBS = '''
+import os
+
+def needs_the_whole_gpu(args, out_dir):
+    # a job that runs out of memory beside others and fits alone: it is told its cap
+    if args["gpu_memory_fraction"] < 0.9:
+        raise MemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+    return {"fraction": args["gpu_memory_fraction"], "gpu": os.environ["CUDA_VISIBLE_DEVICES"]}
+
+def never_fits(args, out_dir):
+    raise MemoryError("CUDA out of memory. Tried to allocate 200.00 GiB")
+
+def wrong(args, out_dir):
+    raise ValueError("not a memory problem")
+
+def write(args, out_dir):
+    for index in range(args["files"]):
+        with open(os.path.join(out_dir, f"blob{index}"), "wb") as handle:
+            handle.write(os.urandom(args["bytes"]))
+    return {}
+
+def read_inputs(args, out_dir):
+    names = sorted(os.listdir(args["in_dir"]))
+    with open(os.path.join(args["in_dir"], "inputs_a.pt"), "rb") as handle:
+        return {"names": names, "data": handle.read().decode()}
+'''
+
+
+@pytest.fixture(autouse=True)
+def private_locks(tmp_path, monkeypatch):
+    """Locks in the test's own folder, GPUs named by index (no NVML), no sandbox (jobs are
+    files of the test's folder)."""
+    monkeypatch.setenv(gpu_share.LOCKS_ENV, str(tmp_path / "locks"))
+    monkeypatch.setattr(gpu_share, "_nvidia_smi", lambda: {})
+    gpu_share.forget_measurements()
+    sandbox.set_mode("off")
+    yield
+    sandbox.set_mode("auto")
+    scratch.start_budget(0)
+
+
+@pytest.fixture
+def jobs(tmp_path) -> Path:
+    path = tmp_path / "jobs.py"
+    path.write_text(JOBS)
+    return path
+
+
+def hold_in_other_process(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path]:
+    """A kaudit-like process holding GPU 0's lock until the returned file is created."""
+    release, held = tmp_path / f"release-{mode}", tmp_path / f"held-{mode}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, mode, str(release), str(held)],
+                               env=env)
+    while not held.exists():
+        assert process.poll() is None, "the holder died"
+        time.sleep(0.02)
+    return process, release
+
+
+def acquire_in_thread(exclusive: bool) -> tuple[threading.Thread, threading.Event,
+                                                threading.Event]:
+    """A thread that takes GPU 0's lock, sets `got`, and keeps it until `done` is set."""
+    got, done = threading.Event(), threading.Event()
+
+    def take() -> None:
+        with gpu_share.holding("0", exclusive=exclusive):
+            got.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return thread, got, done
+
+
+def test_an_exclusive_lock_in_another_process_blocks_a_shared_one(tmp_path):
+    process, release = hold_in_other_process(tmp_path, "exclusive")
+    thread, got, done = acquire_in_thread(exclusive=False)
+    try:
+        assert not got.wait(0.5), "a shared lock was granted beside another process's exclusive"
+        release.touch()
+        assert got.wait(30), "the shared lock follows once the exclusive one is released"
+    finally:
+        release.touch()
+        done.set()
+        thread.join(30)
+        process.wait(30)
+
+
+def test_shared_locks_coexist_and_block_an_exclusive_one(tmp_path):
+    process, release = hold_in_other_process(tmp_path, "shared")
+    shared, got_shared, done_shared = acquire_in_thread(exclusive=False)
+    exclusive, got_exclusive, done_exclusive = acquire_in_thread(exclusive=True)
+    try:
+        assert got_shared.wait(30), "two shared locks (two processes) hold the GPU together"
+        assert not got_exclusive.wait(0.5)
+        done_shared.set()
+        shared.join(30)
+        assert not got_exclusive.wait(0.3), "the other process still holds its shared lock"
+        release.touch()
+        assert got_exclusive.wait(30)
+    finally:
+        release.touch()
+        done_shared.set()
+        done_exclusive.set()
+        exclusive.join(30)
+        process.wait(30)
+
+
+def test_a_waiting_exclusive_lock_goes_before_later_shared_ones(tmp_path):
+    first, got_first, done_first = acquire_in_thread(exclusive=False)
+    assert got_first.wait(30)
+    exclusive, got_exclusive, done_exclusive = acquire_in_thread(exclusive=True)
+    time.sleep(0.3)  # the exclusive request waits at the gate, holding it
+    later, got_later, done_later = acquire_in_thread(exclusive=False)
+    try:
+        assert not got_later.wait(0.5), "a later shared lock overtook a waiting exclusive one"
+        done_first.set()
+        assert got_exclusive.wait(30) and not got_later.is_set()
+        done_exclusive.set()
+        assert got_later.wait(30)
+    finally:
+        for event in (done_first, done_exclusive, done_later):
+            event.set()
+        for thread in (first, exclusive, later):
+            thread.join(30)
+
+
+def test_a_lock_folder_others_may_write_is_not_used(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "open"
+    folder.mkdir()
+    folder.chmod(0o777)
+    monkeypatch.setenv(gpu_share.LOCKS_ENV, str(folder))
+    monkeypatch.setattr(gpu_share, "_warned", False)
+    assert gpu_share.lock_folder() is None
+    with gpu_share.holding("0", exclusive=True):  # runs, uncoordinated, and says so
+        pass
+    assert list(folder.iterdir()) == []
+    assert "without coordinating" in capsys.readouterr().err
+
+
+def shared_lock_free(device: str = "0") -> bool:
+    """Whether a shared lock on the GPU could be taken now (no exclusive holder)."""
+    path = gpu_share.lock_folder() / f"{gpu_share.lock_name(device)}.lock"
+    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(handle)
+
+
+class FakeLaunch:
+    """Stands in for a job's process: returns the given statuses in turn, recording each job's
+    cap and whether the GPU was held exclusively while it ran."""
+
+    def __init__(self, *statuses: str) -> None:
+        self.statuses = list(statuses)
+        self.fractions: list[float] = []
+        self.alone: list[bool] = []
+
+    def __call__(self, job: Job) -> RunResult:
+        self.fractions.append(job.args["gpu_memory_fraction"])
+        self.alone.append(not shared_lock_free())
+        status = self.statuses.pop(0)
+        return RunResult(status, error="CUDA out of memory" if status == OOM else "")
+
+
+def test_an_out_of_memory_failure_runs_again_alone_on_the_gpu():
+    launch = FakeLaunch(OOM, OK)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.3), launch)
+    assert result.ok and result.retried_alone
+    assert launch.alone == [False, True], "the retry holds the GPU's exclusive lock"
+    assert launch.fractions == [0.3, GPU_MEMORY_SHARE], "alone, the job is not capped to its share"
+
+
+def test_a_second_out_of_memory_failure_is_reported_with_what_was_free(monkeypatch):
+    monkeypatch.setattr(gpu_share, "_nvidia_smi", lambda: {
+        "0": GpuMemory("GPU-aaaa", 100 << 30, 140 << 30)})
+    launch = FakeLaunch(OOM, OOM)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.3), launch)
+    assert result.status == OOM and len(launch.fractions) == 2
+    assert "alone on GPU 0" in result.describe() and "100.0 GiB free of 140.0 GiB" in \
+        result.describe()
+
+
+def test_other_outcomes_run_once_and_the_cap_follows_free_memory(monkeypatch):
+    monkeypatch.setattr(gpu_share, "_nvidia_smi", lambda: {
+        "0": GpuMemory("GPU-aaaa", 14 << 30, 140 << 30)})
+    for status in (OK, ERROR):
+        launch = FakeLaunch(status)
+        result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.45), launch)
+        assert result.status == status and launch.alone == [False]
+        assert launch.fractions == [pytest.approx(0.09)], \
+            "a neighbour holds 90% of the GPU: the cap is 90% of the free 10%, not 45%"
+
+
+def test_what_looks_like_out_of_memory():
+    assert gpu_share.looks_oom(RunResult(OOM))
+    assert gpu_share.looks_oom(RunResult(
+        "crashed", stderr_tail="RuntimeError: CUDA error: out of memory\n"))
+    assert gpu_share.looks_oom(RunResult(OK, value={"fp64_error": "out of memory: Outof..."}))
+    assert not gpu_share.looks_oom(RunResult(ERROR, error_type="ValueError", error="shape"))
+    assert not gpu_share.looks_oom(RunResult(OK, value={"fp64_error": None}))
+
+
+def test_run_job_retries_a_real_job_alone_with_the_gpu_named(jobs):
+    with run_job(Job(f"{jobs}:needs_the_whole_gpu", timeout=60,
+                     gpu=GpuClaim("3", 0.45))) as result:
+        assert result.ok, result.describe()
+        assert result.retried_alone
+        assert result.value == {"fraction": GPU_MEMORY_SHARE, "gpu": "3"}
+    with run_job(Job(f"{jobs}:wrong", timeout=60, gpu=GpuClaim("3", 0.45))) as result:
+        assert result.status == ERROR and not result.retried_alone
+
+
+@pytest.fixture
+def problems_on_a_fake_gpu(monkeypatch):
+    """`kaudit problems` believing it runs on CUDA device 0; each job actually runs on the CPU.
+    `launches` records whether each job held the GPU alone; `fail` how many launches report
+    running out of memory before the real job runs."""
+    monkeypatch.setattr(problems, "resolve_device", lambda requested: "cuda")
+    monkeypatch.setattr(gpu_share, "visible_gpus", lambda: ["0"])
+    real = runner._run_once
+    state = {"fail": 0, "launches": []}
+
+    def launch(job: Job) -> RunResult:
+        state["launches"].append(not shared_lock_free())
+        if len(state["launches"]) <= state["fail"]:
+            return RunResult(OOM, phase="forward", error_type="OutOfMemoryError",
+                             error="CUDA out of memory. Tried to allocate 2.00 MiB")
+        return real(dataclasses.replace(job, args={**job.args, "device": "cpu"}))
+
+    monkeypatch.setattr(runner, "_run_once", launch)
+    return state
+
+
+def test_a_problem_that_fits_alone_gets_no_out_of_memory_finding(problems_on_a_fake_gpu):
+    from kaudit.dynamic.tolerance import resolve
+
+    problems_on_a_fake_gpu["fail"] = 1
+    report = problems.audit_problems([str(PROBLEM)], problems.Options(resolve(None, None, None),
+                                                                      seeds=2, timeout=120))
+    assert problems_on_a_fake_gpu["launches"] == [False, True]
+    (problem,) = report.problems
+    assert problem.status == "ok" and "KP501" not in problem.codes(), problem.error
+
+
+def test_the_finding_appears_when_the_retry_alone_also_runs_out(problems_on_a_fake_gpu):
+    from kaudit.dynamic.tolerance import resolve
+
+    problems_on_a_fake_gpu["fail"] = 2
+    report = problems.audit_problems([str(PROBLEM)], problems.Options(resolve(None, None, None),
+                                                                      seeds=2, timeout=120))
+    assert problems_on_a_fake_gpu["launches"] == [False, True]
+    (problem,) = report.problems
+    (finding,) = [f for f in problem.findings if f.rule == "KP501"]
+    assert "out of memory" in finding.message and "alone on GPU 0" in finding.message
+    assert finding.metrics["retried_alone_on_gpu"] is True
+
+
+# -- temporary disk --------------------------------------------------------------------------
+
+
+def test_a_job_over_the_temp_limit_fails_clearly_and_the_peak_is_reported(jobs):
+    scratch.start_budget(8 << 20)
+    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 1 << 20}, timeout=60)) as small:
+        assert small.ok, small.describe()
+    peak = scratch.usage()["peak_bytes"]
+    assert (1 << 20) <= peak < (8 << 20)
+    with run_job(Job(f"{jobs}:write", {"files": 12, "bytes": 1 << 20}, timeout=60)) as many:
+        assert many.status == ERROR and many.errno == errno.EDQUOT
+        assert "temporary files reached its limit of 8.0 MiB" in many.describe()
+    assert scratch.usage()["limit_bytes"] == 8 << 20 and scratch.usage()["peak_bytes"] > 8 << 20
+    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 12 << 20}, timeout=60)) as large:
+        assert large.errno == errno.EDQUOT, "one file is capped at what is left of the limit"
+    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 1 << 20}, timeout=60)) as after:
+        assert after.ok, "removed folders give their room back: the scan goes on"
+
+
+def test_no_temp_limit():
+    assert scratch.start_budget(0).limit is None
+    assert scratch.left() is None
+    assert scratch.start_budget(None).limit == scratch.default_temp_limit()
+
+
+# -- shared inputs ---------------------------------------------------------------------------
+
+
+def test_inputs_are_moved_once_and_shared_read_only(jobs, tmp_path):
+    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 8}, timeout=60)) as reference:
+        reference.path("blob0").write_text("inputs")
+        os.rename(reference.path("blob0"), reference.out_dir / "inputs_a.pt")
+        (reference.out_dir / "ref_a.pt").write_text("the reference output")
+        shared = runner.share_inputs(reference, ["inputs_a.pt"])
+        assert reference.files() == ["ref_a.pt"], "moved, not copied"
+    try:
+        assert oct((shared.path("inputs_a.pt")).stat().st_mode & 0o777) == "0o444"
+        for _ in range(2):
+            with run_job(Job(f"{jobs}:read_inputs", timeout=60, inputs=shared)) as result:
+                assert result.value == {"names": ["inputs_a.pt"], "data": "inputs"}
+        os.chmod(shared.path("inputs_a.pt"), 0o644)  # what a job without the sandbox could do
+        with pytest.raises(runner.InputsChanged):
+            run_job(Job(f"{jobs}:read_inputs", timeout=60, inputs=shared))
+    finally:
+        scratch.remove(shared.folder)
+    assert not shared.folder.exists()
