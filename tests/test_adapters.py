@@ -305,3 +305,19 @@ def test_vendored_samples():
     license_text = (BENCHMARKS / "vendored/atrex-bench/LICENSE").read_text()
     assert "Apache License" in license_text
     assert (BENCHMARKS / "vendored/PROVENANCE.md").is_file()
+
+
+def test_cuda_l1_records_written_on_one_line_stay_apart(tmp_path):
+    """A compact release file (the whole object on one line): each record keeps its own path."""
+    release = json.loads((BENCHMARKS / "cuda-l1/optimized_cuda_code/toy_gpu.json").read_text())
+    compact = tmp_path / "optimized_cuda_code" / "toy_gpu.json"
+    compact.parent.mkdir()
+    compact.write_text(json.dumps(release))
+    records = [(level, position) for level, listed in release.items()
+               for position in range(len(listed))]
+    result = scan_paths([str(compact)])
+    paths = sorted(v.path.split("#", 1)[1] for v in result.verdicts)
+    assert paths == sorted(f"L1/{level}/{position}/custom_code" for level, position in records)
+    assert all(v.submission.reference.endswith(v.path.split("#", 1)[1].replace("custom_code",
+                                                                              "ref_code"))
+               for v in result.verdicts)

@@ -403,7 +403,7 @@ def test_the_jobs_extraction_reads_kinetos_cuda_events():
 
 def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
     from kaudit.dynamic.profiling import PROFILE_CALLS, attribute, profile_job
-    from kaudit.dynamic.runner import Job
+    from kaudit.dynamic.runner import Job, SharedInputs
 
     problem = tmp_path / "problem.py"
     problem.write_text("import torch\n\nclass Model(torch.nn.Module):\n"
@@ -413,10 +413,11 @@ def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
     kernel = tmp_path / "kernel.py"
     kernel.write_text("import torch\n\nclass ModelNew(torch.nn.Module):\n"
                       "    def forward(self, x):\n        return x.clamp_min(0)\n")
-    torch.save([torch.randn(4, 8)], tmp_path / "inputs_a.pt")
+    (tmp_path / "in").mkdir()
+    torch.save([torch.randn(4, 8)], tmp_path / "in" / "inputs_a.pt")
     job = profile_job({"problem": str(problem), "device": "cpu", "init_seed": 42},
                       str(kernel), str(tmp_path / "build"),
-                      files={"in/inputs_a.pt": str(tmp_path / "inputs_a.pt")},
+                      inputs=SharedInputs.seal(tmp_path / "in"),
                       visible=(str(tmp_path),), timeout=120)
     assert isinstance(job, Job)
     found, metrics = [], {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +77,16 @@ def _levels(item: WorkItem, problems: Problems) -> list[WorkItem]:
         problems.add(item.file, "expected {\"<level>\": [{\"task_id\", \"ref_code\", "
                      "\"custom_code\"}, ...]} (a CUDA-L1 release file)")
         return []
+    lines = {(level_key, position): located.line(level_key, position, "custom_code")
+             for level_key, records in data.items() for position in range(len(records))}
+    shared = {line for line, count in Counter(lines.values()).items() if count > 1}
     items = []
     for level_key, records in data.items():
         for position, record in enumerate(records):
-            line = located.line(level_key, position, "custom_code")
-            where = f"{item.display}#L{line}"
-            made = _record(item, where, line, record, _int(level_key), problems)
+            line = lines[level_key, position]
+            # records written on one line (a compact file) are told apart by where they sit
+            field = f"{level_key}/{position}/custom_code" if line in shared else "custom_code"
+            made = _record(item, line, record, _int(level_key), problems, field)
             if made is not None:
                 items.append(made)
     return items
@@ -90,15 +95,15 @@ def _levels(item: WorkItem, problems: Problems) -> list[WorkItem]:
 def _jsonl(item: WorkItem, problems: Problems) -> list[WorkItem]:
     items = []
     for line, record in jsonl_records(item.file, problems):
-        made = _record(item, f"{item.display}#L{line}", line, record,
-                       _int(record.get("level_id")), problems)
+        made = _record(item, line, record, _int(record.get("level_id")), problems)
         if made is not None:
             items.append(made)
     return items
 
 
-def _record(item: WorkItem, where: str, line: int, record: Any, level: int | None,
-            problems: Problems) -> WorkItem | None:
+def _record(item: WorkItem, line: int, record: Any, level: int | None, problems: Problems,
+            field: str = "custom_code") -> WorkItem | None:
+    where = f"{item.display}#L{line}" + (f"/{field.rsplit('/', 1)[0]}" if "/" in field else "")
     if not isinstance(record, dict) or not isinstance(record.get("custom_code"), str):
         problems.add(where, "expected a record with \"custom_code\" (the kernel's source), got "
                      + (f"custom_code {type(record.get('custom_code')).__name__}"
@@ -130,7 +135,7 @@ def _record(item: WorkItem, where: str, line: int, record: Any, level: int | Non
         candidate=Candidate(Code(f"{where}/custom_code", item.file), MODEL_NEW, backend_of(code)),
         spec=spec)
     return record_item(item.file, item.identity or os.path.realpath(item.file), line,
-                       "custom_code", code, submission)
+                       field, code, submission)
 
 
 def _int(value: Any) -> int | None:

@@ -221,6 +221,13 @@ class SharedInputs:
     #: (name, inode, size, ctime, mode) of each file when shared: a write or chmod changes ctime
     signature: tuple
 
+    @classmethod
+    def seal(cls, folder: Path) -> SharedInputs:
+        """The files in `folder`, made read-only and signed as they are now."""
+        for file in folder.iterdir():
+            os.chmod(file, 0o444)
+        return cls(folder, _signature(folder))
+
     def check(self) -> None:
         if _signature(self.folder) != self.signature:
             raise InputsChanged(f"the shared inputs in {self.folder} changed after they were "
@@ -246,11 +253,10 @@ def share_inputs(result: RunResult, names: list[str]) -> SharedInputs:
     try:
         for name in names:
             os.replace(result.path(name), folder / name)
-            os.chmod(folder / name, 0o444)
         scratch.charge(folder)
         if result.root is not None:
             scratch.charge(result.root)
-        return SharedInputs(folder, _signature(folder))
+        return SharedInputs.seal(folder)
     except BaseException:
         scratch.remove(folder)
         raise
