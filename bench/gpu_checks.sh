@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU checks of the dynamic pass, on a CUDA machine, one after another: each named check runs
+# alone with its own time limit (a check that shares the machine with others gives no speed figure
+# and may not finish), writes what it finished into $R, and everything is packed into
+# $OUT/res.tgz after each check, so a run cut short still hands back the checks before.
+#
+#   bash bench/gpu_checks.sh CHECK[=SECONDS] ...      e.g.  adversarial=300 fixtures=400 kbx
+#
+# Checks: adversarial, fixtures, gputests, timing (spread and overhead), problems (KernelBench level
+# 1 beside the naive check), corpus (80 real kernels cold, warm, resumed), gpu_share, kbx,
+# kbx_timed, kbx_quant, cudal1, real8, fk. Corpora are read from .corpora/ (bench/corpora.sh makes
+# it from clones of the public repositories; keep it out of git with .git/info/exclude); on a machine without kaudit's dependencies,
+# wheels in .whl/ are installed first. DEV=cpu runs the same checks on the CPU (to try the script).
+set -u
+DEV=${DEV:-cuda}  # DEV=cpu tries the script itself on a machine without a GPU
+export PYTHONUNBUFFERED=1 KAUDIT_TEST_DEVICE=$DEV DEV
+OUT=${OUT:-/tmp/out}; R=/tmp/res; rm -rf "$R"; mkdir -p "$R" "$OUT"; L=$R/log.txt
+if ! python3 -c "import tree_sitter, sarif_om" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  # the source tree as kaudit (its rules/ folder is kaudit.rules)
+  ln -sfn ../rules kaudit/rules; export PYTHONPATH=$PWD:/tmp/site
+fi
+export R L K="python3 -m kaudit scan --dynamic --device $DEV --fail-on never --no-cache -f json"
+say() { echo "== $(date +%T) $*" >> "$L"; }
+pack() { tar czf "$OUT/res.tgz" -C /tmp res 2>/dev/null; cp "$L" "$OUT/log.txt"; }
+scan() {  # NAME PATH [options...]: a scan with its stream and report in $R
+  local name=$1 path=$2; shift 2
+  $K "$path" --build-cache "/tmp/builds-$name" --stream "$R/$name.jsonl" -o "$R/$name.json" "$@"
+}
+check() {
+  case $1 in
+    adversarial) python3 -m pytest -v -rfEs -p no:cacheprovider tests/adversarial ;;
+    gputests) python3 -m pytest -v -rfEs -p no:cacheprovider tests/test_timing.py \
+                tests/test_dynamic_probes.py tests/test_attribution.py -k "cuda or gpu or side_stream" ;;
+    fixtures) scan fixtures fixtures/dynamic -j 4 ;;
+    timing) python3 bench/timing_spread.py --device $DEV --cases good_gelu_triton \
+              good_pytorch_linear --repeat 3 --json "$R/spread.json" &&
+            python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
+              good_pytorch_linear good_gelu_cuda --repeat 1 --timing on --sandbox both \
+              --json "$R/overhead.json" ;;
+    problems) python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs 8 \
+                --limit-s 240 --json "$R/problems_l1.json" ;;
+    corpus) python3 bench/dynamic_corpus.py .corpora/real80 --problems .corpora/kb --jobs 14 \
+              --baseline-timings .corpora/a100_baseline.json --limit-s 420 --json "$R/corpus.json" ;;
+    gpu_share) KB=.corpora/kb/level1; python3 bench/gpu_share.py $KB/1_*.py $KB/2_*.py \
+                 $KB/19_*.py $KB/23_*.py --jobs 3 --processes 2 --timeout 240 \
+                 --json "$R/gpu_share.json" ;;
+    kbx) scan kbx .corpora/kbx/data/kbx_corpus/all_records.jsonl -j 8 ;;
+    kbx_timed) scan kbx_timed .corpora/kbx/data/timed.jsonl -j 6 ;;
+    kbx_quant) python3 -m kaudit problems .corpora/kbx/data/kernelbenchx/Quantization \
+                 --device $DEV --seeds 2 -f json --fail-on never -o "$R/kbx_quant.json" ;;
+    cudal1) scan cudal1 .corpora/cudal1/h100_sub.json -j 8 ;;
+    real8) scan real8 .corpora/real8 --problems .corpora/kb -j 4 \
+             --baseline-timings .corpora/a100_baseline.json ;;
+    fk) rm -rf /tmp/fk && mkdir -p /tmp/fk/captures /tmp/fk/fastkernels/tasks/candidate/L1 &&
+        cp -r .corpora/fastkernels /tmp/fk/ && cp fixtures/gpu/fastkernels/captures/*.json /tmp/fk/captures/ &&
+        cp fixtures/gpu/fastkernels/candidate/L1/*.py /tmp/fk/fastkernels/tasks/candidate/L1/ &&
+        scan fk /tmp/fk/fastkernels/tasks/candidate ;;
+    *) echo "unknown check $1"; return 2 ;;
+  esac
+}
+export -f check scan say
+for spec in "$@"; do
+  name=${spec%%=*}; limit=300; [ "$spec" != "$name" ] && limit=${spec#*=}
+  say "$name (limit ${limit} s)"
+  # timeout signals its whole process group: kaudit and its jobs end with the check
+  timeout -k 5 "$limit" bash -c 'check "$0"' "$name" > "$R/$name.txt" 2>&1
+  say "$name rc $?"; pack
+done
+say end; pack
