@@ -353,7 +353,7 @@ def test_the_jobs_extraction_runs_under_the_cpu_profiler(tmp_path):
 
     with profile(activities=[ProfilerActivity.CPU]) as session:
         for call in range(2):
-            with record_function(f"kaudit:forward:{call}"):
+            with record_function(f"step:forward:{call}"):
                 torch.relu(torch.ones(8) @ torch.ones(8, 8))
     session.export_chrome_trace(str(tmp_path / "trace.json"))
     record = extract(json.loads((tmp_path / "trace.json").read_text()))
@@ -373,7 +373,7 @@ def test_the_jobs_extraction_reads_kinetos_cuda_events():
                 "args": args}
 
     trace = {"traceEvents": [
-        event("user_annotation", "kaudit:forward:0", 11, 100, 50),
+        event("user_annotation", "step:forward:0", 11, 100, 50),
         event("user_annotation", "someone_elses:range", 11, 100, 50),
         event("cpu_op", "aten::mm", 11, 105, 10),
         event("cuda_runtime", "cudaLaunchKernel", 11, 107, 2, correlation=5, cbid=211),

@@ -34,7 +34,7 @@ MANIFEST = "manifest.json"
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 #: outputs larger than this are sampled (see the module docstring)
 #: 4 Mi positions: larger samples (1 << 25 before) made copying and comparing them, not the
-#: problems, the time of `kaudit problems` on KernelBench level 1 (outputs of 1.6e9 elements)
+#: problems, the time of the problems audit on KernelBench level 1 (outputs of 1.6e9 elements)
 MAX_ELEMENTS = 1 << 22
 SAMPLE_SEED = 20251129
 #: bytes of each input tensor hashed to tell whether inputs change with the seed

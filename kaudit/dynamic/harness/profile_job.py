@@ -1,6 +1,6 @@
 """The profiled run: what the GPU really ran during a few calls of forward, recorded with
-`torch.profiler` (CPU and CUDA activity) for the parent to attribute (`kaudit.dynamic.attribution`:
-KD601, KD602, KD403). This file only records and extracts; it decides nothing.
+`torch.profiler` (CPU and CUDA activity) for the parent's attribution module to judge (KD601,
+KD602, KD403). This file only records and extracts; it decides nothing.
 
 It imports only the standard library and torch, and is loaded by path with the rest of its package
 forgotten, like the plain run. Arguments: `in_dir` (`inputs_a.pt`, `init.pt`), `problem`,
@@ -9,10 +9,10 @@ first: compiles, autotuning), `calls` (profiled calls per model).
 
 The reference problem is profiled first, before the kernel file is imported, then the candidate,
 each in its own profiler session, with no poisoning. Each profiled call is bracketed by the job's
-own ranges (`record_function`): `kaudit:before` and `kaudit:after` launch one small marker kernel
+own ranges (`record_function`): `step:before` and `step:after` launch one small marker kernel
 on the caller's current stream (so the parent learns which stream that is, and whether the GPU ran
-the caller's next work before forward's kernels finished), `kaudit:forward` holds the call; the
-device is synchronised after `kaudit:after`. On CUDA the profiler is asked for CUDA
+the caller's next work before forward's kernels finished), `step:forward` holds the call; the
+device is synchronised after `step:after`. On CUDA the profiler is asked for CUDA
 synchronisation events (stream waits with the stream of the awaited event) where torch offers it.
 
 The chrome trace is exported to a scratch file, read back and reduced (`extract`) to a compact
@@ -32,7 +32,7 @@ import os
 import sys
 
 #: the job's own ranges around each profiled call
-RANGE_PREFIX = "kaudit:"
+RANGE_PREFIX = "step:"
 #: runtime and driver calls that order streams or the host against the device
 ORDERING_CALLS = frozenset({
     "cudaStreamWaitEvent", "cudaStreamSynchronize", "cudaDeviceSynchronize",
