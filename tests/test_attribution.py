@@ -401,8 +401,10 @@ def test_the_jobs_extraction_reads_kinetos_cuda_events():
         ("Stream Wait Event", 7, 13, 4)
 
 
-def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
-    from kaudit.dynamic.profiling import PROFILE_CALLS, attribute, profile_job
+def _profiled_on_cpu(tmp_path, kernel_text: str) -> tuple[list, dict]:
+    """The profiled job of `kernel_text` against a relu problem on the CPU, judged as in a scan:
+    (the findings added, the run's metrics)."""
+    from kaudit.dynamic.profiling import attribute, profile_job
     from kaudit.dynamic.runner import Job, SharedInputs
 
     problem = tmp_path / "problem.py"
@@ -411,8 +413,7 @@ def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
                        "def get_inputs():\n    return [torch.randn(4, 8)]\n\n"
                        "def get_init_inputs():\n    return []\n")
     kernel = tmp_path / "kernel.py"
-    kernel.write_text("import torch\n\nclass ModelNew(torch.nn.Module):\n"
-                      "    def forward(self, x):\n        return x.clamp_min(0)\n")
+    kernel.write_text(kernel_text)
     (tmp_path / "in").mkdir()
     torch.save([torch.randn(4, 8)], tmp_path / "in" / "inputs_a.pt")
     job = profile_job({"problem": str(problem), "device": "cpu", "init_seed": 42},
@@ -422,9 +423,37 @@ def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
     assert isinstance(job, Job)
     found, metrics = [], {}
     attribute(lambda *a, **k: found.append(a), metrics, job, OwnKernels(), "kernelbench")
+    return found, metrics
+
+
+def test_the_job_runs_on_the_cpu_and_decides_nothing(tmp_path):
+    from kaudit.dynamic.profiling import PROFILE_CALLS
+
+    found, metrics = _profiled_on_cpu(tmp_path, (
+        "import torch\n\nclass ModelNew(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x.clamp_min(0)\n"))
     assert "profile_error" not in metrics, metrics
     assert found == [] and metrics["profile"]["calls"] == PROFILE_CALLS
     assert metrics["profile"]["kernels"] == 0  # no CUDA activity on the CPU
+
+
+def test_a_kernel_that_forges_the_trace_is_tampering_and_its_trace_is_not_read(tmp_path):
+    """A hostile kernel replaces the trace export with one that writes a made-up trace (its own
+    kernel doing all the work): the job names the replaced function, kaudit reports KD405 and
+    judges nothing from the forged record."""
+    found, metrics = _profiled_on_cpu(tmp_path, (
+        "import json\nimport torch\n\n"
+        "def forged(self, path):\n"
+        "    with open(path, 'w') as handle:\n"
+        "        json.dump({'traceEvents': [{'ph': 'X', 'cat': 'kernel', 'name': 'my_kernel',\n"
+        "                                    'ts': 1, 'dur': 100, 'args': {'stream': 7}}]},\n"
+        "                  handle)\n\n"
+        "torch.profiler.profile.export_chrome_trace = forged\n\n"
+        "class ModelNew(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return torch.relu(x)\n"))
+    (code, message), = [finding[:2] for finding in found]
+    assert code == "KD405" and "torch.profiler.profile.export_chrome_trace" in message
+    assert "profile" not in metrics and "attribution" not in metrics
 
 
 # -- on a GPU ---------------------------------------------------------------------------------
