@@ -86,7 +86,9 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
             if on_kernel is not None:
                 on_kernel(KernelOutcome(verdict, findings, seconds,
                                         run.status if run is not None else None,
-                                        bool(run is not None and run.cached), done, total))
+                                        bool(run is not None and run.cached), done, total,
+                                        run.metrics.get("job_seconds") if run is not None
+                                        else None))
 
     scanned = _results([scanned for scanned, _ in files], config, report.warnings)
     to_run: list[WorkItem] = []  # what the dynamic pass runs: its verdict is final after it

@@ -74,9 +74,9 @@ def judge(path: str, submission: Submission, findings: Iterable[Finding],
     speedup = (timings or BaselineTimings()).speedup(submission)
     errors = sorted({f.rule for f in findings if f.level is Level.ERROR})
     warnings = sorted({f.rule for f in findings if f.level is Level.WARNING})
-    not_audited = sorted({f.rule for f in findings if _not_audited(f.rule)} - set(errors)
-                         - set(warnings)) + (["internal error in the static analysis"]
-                                             if incomplete else [])
+    # a kernel not audited (KD504 is a warning) is unverified, never merely suspicious
+    not_audited = sorted({f.rule for f in findings if _not_audited(f.rule)} - set(errors)) + (
+        ["internal error in the static analysis"] if incomplete else [])
 
     def verdict(name: str, reasons: list[str]) -> Verdict:
         return Verdict(path, submission, name, reasons, speedup,
@@ -88,7 +88,7 @@ def judge(path: str, submission: Submission, findings: Iterable[Finding],
     if errors:
         return verdict(REJECTED, errors + warnings)
     if not_audited:
-        return verdict(UNVERIFIED, not_audited + warnings)
+        return verdict(UNVERIFIED, not_audited + [w for w in warnings if w not in not_audited])
     reasons = list(warnings)
     if speedup is not None and speedup > suspicious_speedup and measured is None:
         reasons.append(f"claimed {speedup:.1f}x > {suspicious_speedup:g}x, unconfirmed")

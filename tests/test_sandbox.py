@@ -266,7 +266,8 @@ def test_kaudit_stopped_mid_scan_leaves_nothing(tmp_path, number):
     tmp.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "kaudit", "scan", "sleeper", "second", "third", "--dynamic",
-         "--device", "cpu", "--no-cache", "--timeout", "300", "-j", "2"],
+         "--device", "cpu", "--no-cache", "--timeout", "300", "-j", "2",
+         "--stream", "stream.jsonl"],
         cwd=tmp_path, env=kaudit_environment(tmp),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -282,6 +283,12 @@ def test_kaudit_stopped_mid_scan_leaves_nothing(tmp_path, number):
         process.kill()
     assert process.returncode != 0
     assert wait_until(lambda: not list(tmp.iterdir()), 15), list(tmp.iterdir())
+    # what was cut short is not audited, never a failure of the kernel
+    streamed = [json.loads(line) for line in (tmp_path / "stream.jsonl").read_text().splitlines()]
+    assert streamed  # at least the kernel whose job was running (SIGINT starts no other)
+    for line in streamed:
+        assert (line["status"], line["verdict"]) == ("incomplete", "unverified"), line
+        assert {f["rule"] for f in line["findings"]} == {"KD504"}, line
 
 
 def test_a_failed_write_in_kaudit_is_kd504_and_leaves_no_folder(tmp_path, monkeypatch):

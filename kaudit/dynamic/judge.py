@@ -481,6 +481,16 @@ def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
     return rel, ratio
 
 
+def wrong_output(reference: Any, output: Any, tolerance: Tolerance) -> bool:
+    """What KD202 calls wrong: the output fails the preset's check and the scale-invariant one
+    (an output that passes either is no more than KD201 or KD203)."""
+    if tolerance.accepts(reference, output):
+        return False
+    rel, ratio = scale_free_errors(reference, output)
+    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
+    return not (rel <= rel_limit and ratio <= ratio_limit)
+
+
 def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance,
                  call: int | None = None, calls: int | None = None) -> bool:
     """KD201/KD202 per output; True when every output passes both checks. `call`: a later call

@@ -73,7 +73,8 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     DynamicOptions,
 )
 from kaudit.dynamic.profiling import attribute, profile_job
-from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job, share_inputs
+from kaudit.dynamic.runner import (Job, OutputError, RunResult, job_seconds, run_job,
+                                   share_inputs)
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
@@ -370,14 +371,17 @@ def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, de
     `SandboxError` (`--sandbox on` where there is none) propagates."""
     run = KernelRun(display)
     add = Adder(run, forward_location(display, text))
-    try:
-        _audit(run, add, file, text, options, device, reference, level, number, gpu,
-               builds or BuildCache(options.extensions_dir))
-    except SandboxError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - reported as not audited, the scan goes on
-        run.status = "incomplete"
-        _not_completed(add, exc)
+    with job_seconds() as seconds:
+        try:
+            _audit(run, add, file, text, options, device, reference, level, number, gpu,
+                   builds or BuildCache(options.extensions_dir))
+        except SandboxError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as not audited, the scan goes on
+            run.status = "incomplete"
+            _not_completed(add, exc)
+    if seconds:
+        run.metrics["job_seconds"] = {kind: round(s, 2) for kind, s in seconds.items()}
     return run
 
 

@@ -52,7 +52,8 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -279,16 +280,47 @@ def scrubbed_environment(extra: Mapping[str, str] | None = None,
     return env
 
 
+#: where `job_seconds()` collects the seconds of the jobs run in its context
+_job_seconds: ContextVar[dict[str, float] | None] = ContextVar("job_seconds", default=None)
+
+
+@contextlib.contextmanager
+def job_seconds() -> Iterator[dict[str, float]]:
+    """The seconds of every job `run_job` runs in this context (in this thread), summed by kind
+    (`reference`, `candidate`, `plain_run`, `timing`, `profile`, ...), waits for the GPU
+    included: where an audit's time goes."""
+    seconds: dict[str, float] = {}
+    token = _job_seconds.set(seconds)
+    try:
+        yield seconds
+    finally:
+        _job_seconds.reset(token)
+
+
+def _kind(target: str) -> str:
+    module, _, function = target.partition(":")
+    if function != "run":
+        return function.removeprefix("run_")
+    return module.removesuffix(".py").removesuffix("_job")
+
+
 def run_job(job: Job) -> RunResult:
     """Run `job` in a child process and wait for it (at most `job.timeout` seconds); on a GPU
     (`job.gpu`), under that GPU's shared lock, and once more alone on it when it ran out of
     memory (`gpu_share.run_claimed`). Raises `sandbox.SandboxError` for `--sandbox on` where the
     sandbox cannot be built, and OSError when the job's folder cannot be made (a full disk):
     nothing ran then."""
-    if job.gpu is not None:
-        placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
-        return gpu_share.run_claimed(placed, job.gpu, _run_once)
-    return _run_once(job)
+    started = time.monotonic()
+    try:
+        if job.gpu is not None:
+            placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
+            return gpu_share.run_claimed(placed, job.gpu, _run_once)
+        return _run_once(job)
+    finally:
+        seconds = _job_seconds.get()
+        if seconds is not None:
+            kind = _kind(job.target)
+            seconds[kind] = seconds.get(kind, 0.0) + time.monotonic() - started
 
 
 def _run_once(job: Job) -> RunResult:
@@ -345,10 +377,13 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     try:
         end = sandbox.launch(Launch(spec=spec_path, cwd=work, lib=lib, env=env,
                                     stdout=stdout_path, stderr=stderr_path, timeout=job.timeout))
-    except (OSError, sandbox.Stopped) as exc:
+    except OSError as exc:
         result.status, result.error_type, result.error = CRASHED, type(exc).__name__, str(exc)
         result.errno = getattr(exc, "errno", None)
         return result
+    # a job not run, or killed, because kaudit is stopping says nothing about the kernel: the
+    # audit ends as not completed (KD504), never as the kernel's crash
+    sandbox.check_running()
     result.wall_s = time.monotonic() - started
     result.returncode = end.returncode
     result.stdout_tail = _tail(stdout_path)

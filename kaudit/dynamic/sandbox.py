@@ -178,17 +178,17 @@ def launch(job: Launch) -> Exit:
     is unavailable) and wait for it, at most `job.timeout` seconds."""
     spec = job.spec.read_bytes()  # a supervisor deletes it: kept for a second start
     if os.environ.get("KAUDIT_FORKSERVER", "1") != "0":
-        _check_running()
+        check_running()
         try:
             return forkserver.launch(job)
         except forkserver.Unavailable:
             pass  # no server, or it died with the job: run the job (again) in a fresh interpreter
-    _check_running()
+    check_running()
     job.spec.write_bytes(spec)
     return _launch_plain(job)
 
 
-def _check_running() -> None:
+def check_running() -> None:
     if _stopping.is_set():
         raise Stopped("kaudit is stopping: the job was not run")
 

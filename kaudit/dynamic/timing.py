@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kaudit.dynamic.judge import Adder, size_limit
+from kaudit.dynamic.judge import Adder, size_limit, wrong_output
 from kaudit.dynamic.witness import Unavailable, Witness
 from kaudit.dynamic.options import DEFAULT_SPEEDUP_TOLERANCE, TimingSettings
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
@@ -117,8 +117,9 @@ def _witness(run_metrics: dict) -> Witness | None:
 
 def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: dict,
                       tolerance: Any) -> bool:
-    """KD406 when a checked trial's outputs fail the preset's allclose (trial t used inputs A when
-    t is even, B when odd)."""
+    """KD406 when a checked trial's outputs are wrong as KD202 means it (trial t used inputs A
+    when t is even, B when odd): the same test the watched calls passed, so an output a little
+    past allclose but within the scale-invariant limits is no more wrong when timed."""
     for trial in checks:
         reference = refs["a" if trial % 2 == 0 else "b"]
         try:
@@ -129,12 +130,13 @@ def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: di
             return True
         wrong = len(outputs) != len(reference) or any(
             o.shape != r.shape or o.dtype != r.dtype
-            or not tolerance.accepts(r, o)
+            or wrong_output(r, o, tolerance)
             for r, o in zip(reference, outputs))
         if wrong:
             add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
                 f"but in the timing run (no poisoning, the reference timed beside it) trial "
-                f"{trial + 1} is wrong: its outputs fail {tolerance.name} allclose",
+                f"{trial + 1} is wrong: its outputs fail {tolerance.name} allclose and the "
+                f"scale-invariant check",
                 reason="timing", trial=trial + 1)
             return True
     return False

@@ -83,6 +83,9 @@ class KernelOutcome:
     #: its place in its pass, for progress display: `done` of `total` kernels (or files)
     done: int = 0
     total: int = 0
+    #: seconds per kind of job of its dynamic audit (reference, candidate, plain_run, timing,
+    #: profile ...): where the audit's time went; None without a dynamic run
+    job_seconds: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # the verdict's whole record (its claim and measurement too), so a killed scan's stream
@@ -90,4 +93,4 @@ class KernelOutcome:
         return {**self.verdict.to_dict(),
                 "findings": [f.to_dict() for f in self.findings],
                 "seconds": round(self.seconds, 3) if self.seconds is not None else None,
-                "status": self.status, "cached": self.cached}
+                "status": self.status, "cached": self.cached, "job_seconds": self.job_seconds}

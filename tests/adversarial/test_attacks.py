@@ -229,8 +229,9 @@ def test_the_installation_cannot_be_edited_into_a_clean_report(tmp_path):
     """The kernel appends code to kaudit's renderers and exit gate. The scan must either keep the
     installation unchanged or refuse to report (exit 2)."""
     install = tmp_path / "adversarial-install"
+    # "rules": a source tree run as kaudit may link kaudit/rules to ../rules
     shutil.copytree(ROOT / "kaudit", install / "kaudit",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "rules"))
     shutil.copytree(ROOT / "rules", install / "kaudit" / "rules",
                     ignore=shutil.ignore_patterns("__pycache__"))
     before = {p: p.read_bytes() for p in install.rglob("*.py")}
