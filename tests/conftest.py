@@ -20,6 +20,15 @@ DYNAMIC_FIXTURES = FIXTURES / "dynamic"
 FIXED_SUFFIX = ".fixed.py"
 SARIF_SCHEMA = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 
+#: dynamic fixtures that only run on the CPU: C++ extensions whose kernels read host pointers
+CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
+#: findings only a GPU run can give: a race with a side stream (KD403) needs CUDA streams; on the
+#: CPU the same fixture's kernel runs synchronously and honestly, so none is expected there; the
+#: profiled run (KD601, KD602, KD403 from the trace) needs CUDA activity
+GPU_ONLY_FINDINGS = {"KD403", "KD601", "KD602"}
+#: and only a run without CUDA: a kernel that needs CUDA is a KD500 note there, whatever it does
+CPU_ONLY_FINDINGS = {"KD500"}
+
 _EXPECT = re.compile(rb"(?:#|//)\s*expect:\s*(K[ADP]\d{3}(?:\s*,\s*K[ADP]\d{3})*)")
 _POLICY = re.compile(rb"^#\s*fixture-policy:\s*(\w+)", re.M)
 

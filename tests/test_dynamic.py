@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DYNAMIC_FIXTURES, ROOT, dynamic_fixtures, expected_findings
+from tests.conftest import (
+    CPU_ONLY,
+    CPU_ONLY_FINDINGS,
+    DYNAMIC_FIXTURES,
+    GPU_ONLY_FINDINGS,
+    ROOT,
+    dynamic_fixtures,
+    expected_findings,
+)
 
 torch = pytest.importorskip(
     "torch", reason="kaudit scan --dynamic needs torch (pip install 'kaudit[dynamic]'); CI installs it")
@@ -39,13 +47,6 @@ from kaudit.dynamic.tolerance import resolve
 #: KAUDIT_TEST_DEVICE=cuda runs the fixtures on the GPU: the CUDA fixtures are then compiled and
 #: judged by their markers, the Triton ones compiled for the GPU, and the CPU C++ fixtures skipped
 DEVICE = os.environ.get("KAUDIT_TEST_DEVICE", "cpu")
-CPU_ONLY = {"good_cpp_extension", "bad_cpp_first_row"}
-#: findings only a GPU run can give: a race with a side stream (KD403) needs CUDA streams; on the
-#: CPU the same fixture's kernel runs synchronously and honestly, so none is expected there; the
-#: profiled run (KD601, KD602, KD403 from the trace) needs CUDA activity
-GPU_ONLY_FINDINGS = {"KD403", "KD601", "KD602"}
-#: and only a run without CUDA: a kernel that needs CUDA is a KD500 note there, whatever it does
-CPU_ONLY_FINDINGS = {"KD500"}
 #: calls on the candidate's model per fixture
 FIXTURE_CALLS = (8, 12)
 if DEVICE == "cuda" and not torch.cuda.is_available():

@@ -285,3 +285,26 @@ def test_large_outputs_are_sampled_with_exact_extremes():
     assert "sampled elements" in [f for f in mean.findings if f.rule == "KP103"][0].message
     assert nan.stats["nan"] > 1000 and nan.codes() == ["KP104"]
     assert honest.codes() == [] and honest.max_abs > 50
+
+
+class _Problem:
+    """A problem module's get_inputs, as the problem job calls it."""
+
+    def __init__(self, get_inputs):
+        self.get_inputs = get_inputs
+
+
+def test_inputs_are_made_on_the_device_and_on_the_cpu_when_the_problem_needs_it():
+    from kaudit.dynamic.harness.problem_job import ProblemFormatError, _inputs
+
+    # "meta" stands for the GPU here: made under the device, nothing is copied from the CPU
+    meta = torch.device("meta")
+    made = _inputs(_Problem(lambda: [torch.randn(4, 3), 2]), 0, meta, torch)
+    assert made[0].device.type == "meta" and made[1] == 2
+    # a NumPy round trip cannot run on the device: made on the CPU instead, under the same seed
+    via_numpy = _Problem(lambda: [torch.from_numpy(torch.randn(4).numpy())])
+    assert _inputs(via_numpy, 5, meta, torch)[0].device.type == "cpu"
+    assert torch.equal(_inputs(via_numpy, 5, meta, torch)[0],
+                       _inputs(via_numpy, 5, torch.device("cpu"), torch)[0])
+    with pytest.raises(ProblemFormatError, match="not a list"):
+        _inputs(_Problem(lambda: torch.randn(2)), 0, meta, torch)

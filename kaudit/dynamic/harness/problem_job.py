@@ -96,12 +96,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
         record: dict[str, Any] = {"seed": seed, "native": None, "fp64": None}
         step("inputs")
         with phase("inputs"):
-            torch.manual_seed(seed)
-            inputs = module.get_inputs()
-            if not isinstance(inputs, (list, tuple)):
-                raise ProblemFormatError(
-                    f"get_inputs() returned {type(inputs).__name__}, not a list")
-            inputs = list(inputs)
+            inputs = _inputs(module, seed, device, torch)
             record["inputs"] = _digest(inputs, torch)
         step("forward")
         started = time.monotonic()
@@ -282,12 +277,35 @@ def scale_input(value: Any, factor: float, torch: Any) -> Any:
     return value
 
 
+def _inputs(module: Any, seed: int, device: Any, torch: Any) -> list:
+    """`get_inputs()` under `seed`, made on `device`: a level-1 problem's inputs reach gigabytes,
+    which the GPU's generator makes in milliseconds and the CPU's in seconds, then copied. A
+    problem that cannot make them there (a NumPy round trip, say) makes them on the CPU."""
+    def made() -> list:
+        torch.manual_seed(seed)
+        inputs = module.get_inputs()
+        if not isinstance(inputs, (list, tuple)):
+            raise ProblemFormatError(f"get_inputs() returned {type(inputs).__name__}, not a list")
+        return list(inputs)
+
+    if device.type != "cpu":
+        try:
+            with torch.device(device):
+                return made()
+        except ProblemFormatError:
+            raise
+        except Exception:  # noqa: BLE001 - made on the CPU instead, as the problem expects
+            _free(torch, device)
+    return made()
+
+
 def _digest(values: list, torch: Any) -> str:
     """Tells whether `get_inputs()` gives different inputs for different seeds."""
     digest = hashlib.sha256()
     for value in values:
         if isinstance(value, torch.Tensor):
-            data = value.detach().cpu().contiguous().flatten()
+            # the first bytes, cut on the device: copying a whole input to the CPU costs seconds
+            data = value.detach().flatten()[:DIGEST_BYTES].cpu().contiguous()
             digest.update(f"{tuple(value.shape)}{value.dtype}".encode())
             raw = data.view(torch.uint8) if data.numel() else data
             digest.update(bytes(raw[:DIGEST_BYTES].tolist()) if data.numel() else b"")  # no numpy needed
