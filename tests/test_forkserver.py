@@ -132,6 +132,9 @@ def test_jobs_differing_in_import_time_variables_get_their_own_server(jobs, monk
     first = run_ok(job(jobs, "describe", env={"CUDA_VISIBLE_DEVICES": "0"}))
     again = run_ok(job(jobs, "describe", env={"CUDA_VISIBLE_DEVICES": "1"}))
     assert again["ppid"] == first["ppid"], "CUDA_VISIBLE_DEVICES is read after the fork"
+    # a candidate job's MAX_JOBS (its extension build) does not cost a server start per job
+    build = run_ok(job(jobs, "describe", env={"MAX_JOBS": "3"}))
+    assert build["ppid"] == first["ppid"] and build["environ"]["MAX_JOBS"] == "3"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     other = run_ok(job(jobs, "describe"))
     assert other["ppid"] != first["ppid"]

@@ -41,9 +41,11 @@ from typing import NamedTuple
 from kaudit.dynamic import scratch
 
 #: variables a forked child may set differently from its server: nothing reads them while torch
-#: is imported (CUDA is not initialised and triton not imported in the server)
+#: is imported (CUDA is not initialised and triton not imported in the server); MAX_JOBS is read
+#: when an extension is built. A variable missing here makes jobs that differ in it alternate
+#: between two servers, each started anew (seconds: it imports torch)
 JOB_ENV = ("TMPDIR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR",
-           "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH")
+           "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "MAX_JOBS")
 JOB_ENV_PREFIXES = ("TRITON_",)
 #: seconds the server may take to import torch and say it is ready
 START_TIMEOUT = 120.0

@@ -73,8 +73,8 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     DynamicOptions,
 )
 from kaudit.dynamic.profiling import attribute, profile_job
-from kaudit.dynamic.runner import (Job, OutputError, RunResult, job_seconds, run_job,
-                                   share_inputs)
+from kaudit.dynamic.runner import (Job, OutputError, RunResult, add_job_seconds, job_seconds,
+                                   run_job, share_inputs)
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
@@ -462,6 +462,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                              "calls": schedule.randint(*options.calls)},
                           env=env, inputs=shared, visible=visible, writable=(build,), **limits)
                 with run_job(job) as candidate:
+                    _candidate_phases(candidate)
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
                                     bool((reference_result.value or {}).get("mutates_inputs")))
                 if watched is None or run.status != "ok" or rejected(run):
@@ -489,6 +490,14 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                         OwnKernels.of_source(file, text), options.policy)
         finally:
             scratch.remove(shared.folder)
+
+
+def _candidate_phases(candidate: RunResult) -> None:
+    """The candidate job's phases (import: the compile; forward ...) into `job_seconds`."""
+    value = candidate.value if isinstance(candidate.value, dict) else {}
+    phases = value.get("phase_seconds")
+    for name, seconds in (phases.items() if isinstance(phases, dict) else ()):
+        add_job_seconds(f"candidate:{str(name)[:40]}", seconds)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

@@ -297,6 +297,14 @@ def job_seconds() -> Iterator[dict[str, float]]:
         _job_seconds.reset(token)
 
 
+def add_job_seconds(kind: str, seconds: Any) -> None:
+    """Add a part of a job (`candidate:import`, read from the job's own report: a number or
+    nothing) to the current `job_seconds()`."""
+    collected = _job_seconds.get()
+    if collected is not None and isinstance(seconds, (int, float)) and 0 <= seconds < 1e6:
+        collected[kind] = collected.get(kind, 0.0) + float(seconds)
+
+
 def _kind(target: str) -> str:
     module, _, function = target.partition(":")
     if function != "run":

@@ -41,11 +41,13 @@ not capped).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .child import import_file
@@ -58,12 +60,22 @@ DEFERRED_WAIT = (0.25, 0.75)
 _out_dir: list[str] = []
 
 
-def phase(name: str):
-    """`child.phase`, also recorded in the output folder's PHASE_FILE."""
+#: seconds spent in each phase of this job (`phase_seconds` in its result): where its time goes
+_phase_seconds: dict[str, float] = {}
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """`child.phase`, also recorded in the output folder's PHASE_FILE, and timed."""
     if _out_dir:
         with open(os.path.join(_out_dir[0], PHASE_FILE), "w", encoding="utf-8") as handle:
             handle.write(name)
-    return _phase(name)
+    started = time.monotonic()
+    try:
+        with _phase(name):
+            yield
+    finally:
+        _phase_seconds[name] = _phase_seconds.get(name, 0.0) + time.monotonic() - started
 
 
 def run_reference(args: dict, out_dir: str) -> dict:
@@ -171,8 +183,9 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         return torch.load(os.path.join(inputs_dir, f"inputs_{name}.pt"), map_location="cpu",
                           weights_only=True)
 
-    inputs_a, inputs_b = load_inputs("a"), load_inputs("b")
-    init_inputs, state = _init_state(torch, args)
+    with phase("load"):
+        inputs_a, inputs_b = load_inputs("a"), load_inputs("b")
+        init_inputs, state = _init_state(torch, args)
     init_seed = int(args["init_seed"])
     with phase("import"):  # load_inline compiles here
         kernel = import_file("kernel", args["kernel"])
@@ -195,8 +208,9 @@ def run_candidate(args: dict, out_dir: str) -> dict:
     counters: dict[str, int] = {}
     output_oob: dict[int, list] = {}
     scale_keys = [f"s{index}" for index in range(len(args.get("scales", [])))]
-    originals = {"a": inputs_a, "b": inputs_b, **{k: load_inputs(k) for k in scale_keys}}
-    on_device = {name: _to(values, device, torch) for name, values in originals.items()}
+    with phase("load"):
+        originals = {"a": inputs_a, "b": inputs_b, **{k: load_inputs(k) for k in scale_keys}}
+        on_device = {name: _to(values, device, torch) for name, values in originals.items()}
     steps = _schedule(random.Random(int(args["schedule_seed"])), int(args["calls"]), scale_keys)
     rng = random.Random(int(args["schedule_seed"]) + 1)
     number = 0
@@ -294,6 +308,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
             after_call(source, inputs, threads.running)
     info["calls"] = number
     info.update(counters)
+    info["phase_seconds"] = {name: round(seconds, 3) for name, seconds in _phase_seconds.items()}
     for index, masks in output_oob.items():
         real_save(masks, os.path.join(out_dir, f"oob{index}.pt"))
     guards = state_of.get("guards")
