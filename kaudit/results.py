@@ -251,6 +251,12 @@ class BaselineTimings:
         return base / runtime if base and runtime else None
 
 
+#: an explicitly named JSONL file no adapter took and without a KernelBench record
+NO_KERNEL_RECORD = ("no kernel in this JSONL file: no line holds a `custom_code` string "
+                    "(KernelBench), and it is no other benchmark's results file that kaudit "
+                    "reads (KernelBenchX, CUDA-L1, Atrex, FastKernels; `--benchmark` forces one)")
+
+
 class ResultTrees:
     """Attaches `Submission` metadata to discovered work items and expands JSONL files."""
 
@@ -339,12 +345,16 @@ class ResultTrees:
 
     def _jsonl_items(self, item: WorkItem) -> list[WorkItem]:
         items: list[WorkItem] = []
+        errors = len(self.errors)
         try:
             with open(item.file, encoding="utf-8") as handle:
                 for number, line in enumerate(handle, start=1):
                     items.extend(self._jsonl_line(item, number, line))
         except (OSError, UnicodeDecodeError) as exc:
             self.errors.append(ScanError(item.display, f"cannot read JSONL file: {exc}"))
+        if item.explicit and not items and len(self.errors) == errors:
+            # named on the command line, it must not pass as audited with nothing found
+            self.errors.append(ScanError(item.display, NO_KERNEL_RECORD))
         return items
 
     def _jsonl_line(self, item: WorkItem, number: int, line: str) -> list[WorkItem]:

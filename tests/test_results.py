@@ -200,3 +200,15 @@ def test_cache_skips_unchanged_files_and_notices_changes(tmp_path, monkeypatch):
     other = Config(cache_dir=str(tmp_path / "cache"), ignore=("KA005",))
     scan_paths([str(tree)], other)
     assert len(scanned) == 4, "other options, other cache entries"
+
+
+def test_a_named_jsonl_file_without_kernels_is_an_error_not_a_clean_scan(tmp_path):
+    """A results log named on the command line must not pass as audited: nothing in it was."""
+    log = tmp_path / "eval_log.jsonl"
+    log.write_text('{"problem": 1, "speedup": 3.2}\n\n{"problem": 2, "speedup": 1.1}\n')
+    report = scan_paths([str(log)], Config())
+    assert report.files_scanned == 0
+    assert [e.message.split(":")[0] for e in report.errors] == ["no kernel in this JSONL file"]
+    # found inside a folder beside kernels, it is only another file of the tree
+    (tmp_path / "kernel.py").write_text("class ModelNew:\n    pass\n")
+    assert scan_paths([str(tmp_path)], Config()).errors == []
