@@ -8,11 +8,15 @@
 #
 # Checks joined by + run at the same time under one limit: for checks of behaviour only, never for
 # a speed figure.
-# Checks: adversarial, fixtures, gputests, timing (spread and overhead), problems (KernelBench level
-# 1 beside the naive check), corpus (80 real kernels cold, warm, resumed), gpu_share, kbx,
-# kbx_timed, kbx_quant, cudal1, real8, fk. Corpora are read from .corpora/ (bench/corpora.sh makes
-# it from clones of the public repositories; keep it out of git with .git/info/exclude); on a machine without kaudit's dependencies,
-# wheels in .whl/ are installed first. DEV=cpu runs the same checks on the CPU (to try the script).
+# Checks: adversarial, fixtures, gputests, timing (spread, then overhead), problems (KernelBench
+# level 1 beside the naive check), corpus (80 real kernels cold, warm, resumed; corpus_cold and
+# corpus_warm split it), gpu_share, kbx, kbx_timed, kbx_quant, cudal1, real8, fk. Corpora are read
+# from .corpora/ (bench/corpora.sh makes it from clones of the public repositories; keep it out of
+# git with .git/info/exclude); on a machine without kaudit's dependencies, wheels in .whl/ are
+# installed first. DEV=cpu runs the same checks on the CPU (to try the script).
+# `python bench/gpu_report.py res.tgz` makes the tables.
+# A check's remainder after a run cut short: ADV_K (pytest -k for adversarial), FIXTURES (kernel
+# files), KBX_DONE (record line numbers already judged).
 set -u
 DEV=${DEV:-cuda}  # DEV=cpu tries the script itself on a machine without a GPU
 export PYTHONUNBUFFERED=1 KAUDIT_TEST_DEVICE=$DEV DEV
@@ -59,7 +63,13 @@ check() {
     gpu_share) KB=.corpora/kb/level1; python3 bench/gpu_share.py $KB/1_*.py $KB/2_*.py \
                  $KB/19_*.py $KB/23_*.py --jobs 3 --processes 2 --timeout 240 \
                  --json "$R/gpu_share.json" ;;
-    kbx) scan kbx .corpora/kbx/data/kbx_corpus/all_records.jsonl -j 8 ;;
+    kbx)  # KBX_DONE: line numbers already judged, left blank (the others keep their numbers)
+      local corpus=.corpora/kbx/data/kbx_corpus records=all_records.jsonl
+      if [ -n "${KBX_DONE:-}" ]; then
+        awk -v done=" $KBX_DONE " 'index(done, " " NR " ") && NR > 1 {print ""; next} {print}' \
+          $corpus/all_records.jsonl > $corpus/rest.jsonl; records=rest.jsonl
+      fi
+      scan kbx $corpus/$records -j 8 ;;
     kbx_timed) scan kbx_timed .corpora/kbx/data/timed.jsonl -j 6 ;;
     kbx_quant) python3 -m kaudit problems .corpora/kbx/data/kernelbenchx/Quantization \
                  --device $DEV --seeds 2 -f json --fail-on never -o "$R/kbx_quant.json" ;;

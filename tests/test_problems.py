@@ -295,16 +295,16 @@ class _Problem:
 
 
 def test_inputs_are_made_on_the_device_and_on_the_cpu_when_the_problem_needs_it():
-    from kaudit.dynamic.harness.problem_job import ProblemFormatError, _inputs
+    from kaudit.dynamic.harness.problem_job import ProblemFormatError, make_inputs
 
     # "meta" stands for the GPU here: made under the device, nothing is copied from the CPU
     meta = torch.device("meta")
-    made = _inputs(_Problem(lambda: [torch.randn(4, 3), 2]), 0, meta, torch)
+    made = make_inputs(_Problem(lambda: [torch.randn(4, 3), 2]), 0, meta, torch)
     assert made[0].device.type == "meta" and made[1] == 2
     # a NumPy round trip cannot run on the device: made on the CPU instead, under the same seed
     via_numpy = _Problem(lambda: [torch.from_numpy(torch.randn(4).numpy())])
-    assert _inputs(via_numpy, 5, meta, torch)[0].device.type == "cpu"
-    assert torch.equal(_inputs(via_numpy, 5, meta, torch)[0],
-                       _inputs(via_numpy, 5, torch.device("cpu"), torch)[0])
+    assert make_inputs(via_numpy, 5, meta, torch)[0].device.type == "cpu"
+    assert torch.equal(make_inputs(via_numpy, 5, meta, torch)[0],
+                       make_inputs(via_numpy, 5, torch.device("cpu"), torch)[0])
     with pytest.raises(ProblemFormatError, match="not a list"):
-        _inputs(_Problem(lambda: torch.randn(2)), 0, meta, torch)
+        make_inputs(_Problem(lambda: torch.randn(2)), 0, meta, torch)

@@ -81,7 +81,7 @@ def phase(name: str) -> Iterator[None]:
 def run_reference(args: dict, out_dir: str) -> dict:
     import torch
 
-    from .problem_job import float64_copy, scale_input
+    from .problem_job import float64_copy, make_inputs, scale_input
     from .sentinels import as_bits
 
     _out_dir[:] = [out_dir]
@@ -101,9 +101,8 @@ def run_reference(args: dict, out_dir: str) -> dict:
     first: list = []
     mutates = False  # the problem's own forward modifies its inputs (KD402 is then a warning)
     for name, seed in (("a", args["seeds"][0]), ("b", args["seeds"][1])):
-        with phase("inputs"):
-            torch.manual_seed(int(seed))
-            inputs = [_cpu(v, torch) for v in problem.get_inputs()]
+        with phase("inputs"):  # made on the device (fast for gigabytes), saved from the CPU
+            inputs = [_cpu(v, torch) for v in make_inputs(problem, int(seed), device, torch)]
             torch.save(inputs, os.path.join(out_dir, f"inputs_{name}.pt"))
             first = first or inputs
         with phase("reference-forward"):

@@ -96,7 +96,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
         record: dict[str, Any] = {"seed": seed, "native": None, "fp64": None}
         step("inputs")
         with phase("inputs"):
-            inputs = _inputs(module, seed, device, torch)
+            inputs = make_inputs(module, seed, device, torch)
             record["inputs"] = _digest(inputs, torch)
         step("forward")
         started = time.monotonic()
@@ -277,7 +277,7 @@ def scale_input(value: Any, factor: float, torch: Any) -> Any:
     return value
 
 
-def _inputs(module: Any, seed: int, device: Any, torch: Any) -> list:
+def make_inputs(module: Any, seed: int, device: Any, torch: Any) -> list:
     """`get_inputs()` under `seed`, made on `device`: a level-1 problem's inputs reach gigabytes,
     which the GPU's generator makes in milliseconds and the CPU's in seconds, then copied. A
     problem that cannot make them there (a NumPy round trip, say) makes them on the CPU."""
