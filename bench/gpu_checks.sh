@@ -43,11 +43,12 @@ check() {
                 tests/test_dynamic_probes.py tests/test_attribution.py -k "cuda or gpu or side_stream" ;;
     fixtures)  # as tests/test_dynamic.py judges them: each by its own benchmark's check, the CPU
       # C++ extensions left out on CUDA; FIXTURES: some of them
-      local all=${FIXTURES:-fixtures/dynamic/*/kernel.py} cpu=good_cpp_extension\|bad_cpp_first_row
-      local own=$(grep -L "^# fixture-tolerance:" $all | grep -v "$cpu")
-      local fk=$(grep -l "^# fixture-tolerance: fastkernels" $all | grep -v "$cpu")
-      [ "$DEV" = cpu ] && own="$own $(ls $all | grep "$cpu")"
-      scan fixtures $own -j 6; [ -z "$fk" ] || scan fixtures_fk $fk -j 4 --tolerance fastkernels ;;
+      local all=${FIXTURES:-fixtures/dynamic/*/kernel.py} cpu="good_cpp_extension|bad_cpp_first_row"
+      local own=$(grep -L "^# fixture-tolerance:" $all | grep -Ev "$cpu")
+      local fk=$(grep -l "^# fixture-tolerance: fastkernels" $all | grep -Ev "$cpu")
+      [ "$DEV" = cpu ] && own="$own $(ls $all | grep -E "$cpu")"
+      [ -z "${own// }" ] || scan fixtures $own -j 6
+      [ -z "$fk" ] || scan fixtures_fk $fk -j 4 --tolerance fastkernels ;;
     timing) check spread && check overhead ;;
     spread) python3 bench/timing_spread.py --device $DEV --cases good_gelu_triton \
               good_pytorch_linear --repeat 3 --json "$R/spread.json" ;;
