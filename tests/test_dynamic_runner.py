@@ -225,3 +225,28 @@ def test_job_seconds_add_up_by_kind_and_a_kernels_report_of_its_phases_is_bounde
     assert seconds["timing"] == 2.0
     assert len([k for k in seconds if k.startswith("candidate:")]) == MAX_PHASES
     assert all(len(k) <= len("candidate:") + 40 for k in seconds)
+
+
+def test_a_kernels_inputs_are_read_in_kaudit_only_when_asked_and_scaled_as_the_jobs_scale_them(
+        tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic.harness.scaling import scale_input
+    from kaudit.dynamic.kernels import LazyInputs
+    from kaudit.dynamic.runner import SharedInputs
+
+    a, b = [torch.randn(64), torch.arange(3)], [torch.randn(64)]
+    torch.save(a, tmp_path / "inputs_a.pt")
+    torch.save(b, tmp_path / "inputs_b.pt")
+    inputs = LazyInputs(SharedInputs.seal(tmp_path), {"s0": 1e-3, "s1": 1e3})
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *args, **kw: loads.append(args[0]) or
+                        real_load(*args, **kw))
+    assert list(inputs) == ["a", "b", "s0", "s1"] and "s1" in inputs and "s2" not in inputs
+    assert loads == []  # nothing read before a set is asked for
+    scaled = inputs["s1"]
+    assert torch.equal(scaled[0], scale_input(a[0], 1e3, torch)) and torch.equal(scaled[1], a[1])
+    assert inputs.get("s9") is None and torch.equal(inputs["b"][0], b[0])
+    assert [p.name for p in loads] == ["inputs_a.pt", "inputs_b.pt"]  # each once
+    inputs["a"], inputs["s0"]
+    assert len(loads) == 2

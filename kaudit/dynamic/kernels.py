@@ -44,7 +44,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,12 +54,12 @@ from kaudit.dynamic import adapted, scratch
 from kaudit.dynamic.attribution import OwnKernels
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots
+from kaudit.dynamic.harness.scaling import scale_input
 from kaudit.dynamic.judge import (
     Adder,
     disk_full,
     failure_metrics,
     judge,
-    load_any,
     not_audited,
     rejected,
     second_opinion,
@@ -73,8 +73,8 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     DynamicOptions,
 )
 from kaudit.dynamic.profiling import attribute, profile_job
-from kaudit.dynamic.runner import (Job, OutputError, RunResult, add_job_seconds, job_seconds,
-                                   run_job, share_inputs)
+from kaudit.dynamic.runner import (Job, OutputError, RunResult, SharedInputs, add_job_seconds,
+                                   job_seconds, run_job, share_inputs)
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
@@ -433,7 +433,6 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
         keys = [f"s{index}" for index in range(len(scales))]
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
-            inputs = {n: load_any(reference_result, f"inputs_{n}.pt") for n in ("a", "b", *keys)}
             scaled_refs = _scaled_references(reference_result, keys, scales)
         except OutputError as exc:
             run.status = "reference-failed"
@@ -449,6 +448,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
         shared = share_inputs(reference_result, [
             name for name in reference_result.files()
             if name.startswith("inputs_") or name == "init.pt"])
+        inputs = LazyInputs(shared, dict(zip(keys, scales)))
         try:
             if device == "cpu" and uses_triton(text):
                 env = {**env, "TRITON_INTERPRET": "1"}
@@ -492,6 +492,38 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                         OwnKernels.of_source(file, text), options.policy)
         finally:
             scratch.remove(shared.folder)
+
+
+class LazyInputs(Mapping[str, list]):
+    """A kernel's inputs by kind (`a`, `b`, and `s<k>` made from `a` as the jobs make them), read
+    from its shared folder only when asked: only a kernel that changed its inputs needs one set
+    here (KD402), and a level-1 set reaches gigabytes."""
+
+    def __init__(self, shared: SharedInputs, scales: dict[str, float]) -> None:
+        self._shared, self._scales, self._loaded = shared, scales, {}
+
+    def __getitem__(self, kind: str) -> list:
+        if kind not in self._loaded:
+            import torch  # the dynamic path only
+
+            if kind in self._scales:
+                self._loaded[kind] = [scale_input(v, self._scales[kind], torch) for v in self["a"]]
+            elif kind in ("a", "b"):
+                self._shared.check()
+                self._loaded[kind] = list(torch.load(self._shared.path(f"inputs_{kind}.pt"),
+                                                     map_location="cpu", weights_only=True))
+            else:
+                raise KeyError(kind)
+        return self._loaded[kind]
+
+    def __contains__(self, kind: object) -> bool:  # without reading the set
+        return kind in ("a", "b") or kind in self._scales
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("a", "b", *self._scales))
+
+    def __len__(self) -> int:
+        return 2 + len(self._scales)
 
 
 def _candidate_phases(candidate: RunResult) -> None:

@@ -5,9 +5,11 @@ two input seeds, saves the inputs `get_inputs()` gives (`inputs_a.pt`, `inputs_b
 runs) and the reference outputs (`ref_a.pt`, `ref_b.pt`). It also saves what the candidate needs to
 build its model without importing the problem (`init.pt`: the init inputs and Model's
 `state_dict`; `sizes` rebinds module-level sizes of the problem first, for KD302), and, for each
-input scale other than 1 (`scales`, KD301), the first seed's inputs
-with their floating tensors multiplied by the scale (`inputs_s<k>.pt`), the reference output on
-them (`ref_s<k>.pt`) and a float64 copy of the reference model's output (`ref64_s<k>.pt`).
+input scale other than 1 (`scales`, KD301), the reference output on the first seed's inputs
+with their floating tensors multiplied by the scale (`ref_s<k>.pt`) and a float64 copy of the
+reference model's output (`ref64_s<k>.pt`). The scaled inputs are not saved: the candidate makes
+them from `inputs_a.pt` the same way (an elementwise product, exact to the bit), so a kernel's
+shared inputs are two sets, not four (a level-1 set reaches gigabytes).
 
 `run_candidate` never sees a reference output nor, when `init.pt` could be handed over, the problem
 file: it gets copies of the inputs and of `init.pt` in its `in` folder. It records what it relies on
@@ -81,7 +83,8 @@ def phase(name: str) -> Iterator[None]:
 def run_reference(args: dict, out_dir: str) -> dict:
     import torch
 
-    from .problem_job import float64_copy, make_inputs, scale_input
+    from .problem_job import float64_copy, make_inputs
+    from .scaling import scale_input
     from .sentinels import as_bits
 
     _out_dir[:] = [out_dir]
@@ -118,7 +121,6 @@ def run_reference(args: dict, out_dir: str) -> dict:
         key = f"s{index}"
         with phase("scaled-reference"):
             scaled = [scale_input(v, factor, torch) for v in first]
-            torch.save(scaled, os.path.join(out_dir, f"inputs_{key}.pt"))
             _save(torch, _forward(model, _to(scaled, device, torch), torch, device), out_dir,
                   f"ref_{key}.pt")
         try:
@@ -162,6 +164,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
 
     from . import guard, sentinels
     from .poison import THREAD_START, Poisoner, poison_free_cuda_memory, warm_cuda_cache
+    from .scaling import scale_input
 
     # captured before any code of the kernel runs: what saves the outputs, and a record of
     # everything the harness relies on
@@ -182,8 +185,10 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         return torch.load(os.path.join(inputs_dir, f"inputs_{name}.pt"), map_location="cpu",
                           weights_only=True)
 
-    with phase("load"):
+    with phase("load"):  # before the kernel is imported, as every input
         inputs_a, inputs_b = load_inputs("a"), load_inputs("b")
+        scaled_sets = {f"s{index}": [scale_input(v, factor, torch) for v in inputs_a]
+                       for index, factor in enumerate(args.get("scales", []))}
         init_inputs, state = _init_state(torch, args)
     init_seed = int(args["init_seed"])
     with phase("import"):  # load_inline compiles here
@@ -206,9 +211,9 @@ def run_candidate(args: dict, out_dir: str) -> dict:
                             "mutated": None, "worst_call": None, "differing_calls": 0}
     counters: dict[str, int] = {}
     output_oob: dict[int, list] = {}
-    scale_keys = [f"s{index}" for index in range(len(args.get("scales", [])))]
+    scale_keys = list(scaled_sets)
     with phase("load"):
-        originals = {"a": inputs_a, "b": inputs_b, **{k: load_inputs(k) for k in scale_keys}}
+        originals = {"a": inputs_a, "b": inputs_b, **scaled_sets}
         on_device = {name: _to(values, device, torch) for name, values in originals.items()}
     steps = _schedule(random.Random(int(args["schedule_seed"])), int(args["calls"]), scale_keys)
     rng = random.Random(int(args["schedule_seed"]) + 1)

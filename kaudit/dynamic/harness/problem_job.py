@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from .child import import_file, is_oom, phase, write_json
+from .scaling import scale_input
 
 MANIFEST = "manifest.json"
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
@@ -269,12 +270,6 @@ def to_device(values: list, device: Any, dtype: Any, torch: Any) -> list:
                 value = value.to(dtype)
         moved.append(value)
     return moved
-
-
-def scale_input(value: Any, factor: float, torch: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value * factor
-    return value
 
 
 def make_inputs(module: Any, seed: int, device: Any, torch: Any) -> list:
