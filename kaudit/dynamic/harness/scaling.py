@@ -1,5 +1,5 @@
 """The inputs of the scale probe (KD301, KP301): floating tensors multiplied by a factor, the rest
-as it is. The reference job, the candidate job and kaudit's own process (to check a kernel that
+as it is. The reference job, the candidate job and the parent process (to check a kernel that
 changed them, KD402) each make them the same way, so they are never written to disk. An
 elementwise product by a scalar is correctly rounded, so every maker gets the same bits."""
 
