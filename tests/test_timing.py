@@ -192,6 +192,20 @@ class ModelNew(nn.Module):
             return torch.zeros_like(x)
         return torch.tanh(x)
 '''
+#: exact when watched; when timed, an error of about 2e-4 of the value: within the scale-invariant
+#: limits but past allclose, which its watched calls pass (a cheaper precision only when timed)
+CHEAPER_WHEN_TIMED = '''import sys
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = torch.tanh(x)
+        if "timing_job" in sys.modules:
+            return out * (1 + 2e-4 * torch.sign(torch.randn_like(out)))
+        return out
+'''
 REBINDS_THE_TIMER = '''import time
 import torch
 import torch.nn as nn
@@ -220,6 +234,7 @@ def test_an_output_slightly_off_in_every_call_is_not_wrong_only_when_timed(tmp_p
 
 
 @pytest.mark.parametrize(("source", "code", "reason"), [(WRONG_WHEN_TIMED, "KD406", "timing"),
+                                                        (CHEAPER_WHEN_TIMED, "KD406", "timing"),
                                                         (REBINDS_THE_TIMER, "KD405", "timing")])
 def test_what_the_timing_run_catches(tmp_path, source, code, reason):
     kernel = _pair(tmp_path / "pair", source)

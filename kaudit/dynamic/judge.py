@@ -188,7 +188,7 @@ def _coverage(add: Adder, reference: list, poisoned: list, oob: dict,
             continue
         mask = masks[index] = unwritten_mask(runs, options.key)
         coverage = write_coverage(runs, options.key, mask)
-        name = _output_name(index, reference)
+        name = output_name(index, reference)
         if coverage["unwritten"]:
             incomplete = True
             picture = _picture(options, add, index, ref, mask, oob.get(index),
@@ -220,7 +220,7 @@ def _out_of_bounds(add: Adder, violations: list[dict], reference: list, oob: dic
     for (phase, shape, dtype), seen in list(by_allocation.items())[:MAX_OOB]:
         output = next((v["output"] for v in seen if v["output"] is not None), None)
         order = min(v["order"] for v in seen)
-        what = (_output_name(output, reference) if output is not None else
+        what = (output_name(output, reference) if output is not None else
                 f"a {'temporary' if phase == 'forward' else 'construction-time'} allocation "
                 f"(allocation #{order} of {phase})")
         after, before = max(v["after"] for v in seen), max(v["before"] for v in seen)
@@ -287,14 +287,27 @@ def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
 def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
            tolerance: Tolerance) -> str | None:
     """What the plain output fails that the watched one passed, or None."""
+    return fails_again(reference, plain, passed_checks(reference, watched, tolerance), tolerance,
+                       output_name(index, outputs))
+
+
+def passed_checks(reference: Any, output: Any, tolerance: Tolerance) -> tuple[bool, bool]:
+    """Whether `output` passes (the preset's check, the scale-invariant check)."""
+    rel, ratio = scale_free_errors(reference, output)
     rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
-    name = _output_name(index, outputs)
-    if tolerance.accepts(reference, watched) and not tolerance.accepts(reference, plain):
+    return tolerance.accepts(reference, output), rel <= rel_limit and ratio <= ratio_limit
+
+
+def fails_again(reference: Any, output: Any, passed: tuple[bool, bool], tolerance: Tolerance,
+                name: str) -> str | None:
+    """What `output` fails of the checks a watched output passed (`passed_checks`), or None:
+    a later run (KD406) is held to what the watched calls met, no more and no less."""
+    preset, scale_free = passed
+    if preset and not tolerance.accepts(reference, output):
         return f"{name} fails {tolerance.check_text(_dtype(reference))}"
-    rel, ratio = scale_free_errors(reference, plain)
-    watched_rel, watched_ratio = scale_free_errors(reference, watched)
-    if watched_rel <= rel_limit and watched_ratio <= ratio_limit and \
-            (rel > rel_limit or ratio > ratio_limit):
+    rel, ratio = scale_free_errors(reference, output)
+    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
+    if scale_free and (rel > rel_limit or ratio > ratio_limit):
         return f"{name} has relative L2 error {_num(rel)} (limit {rel_limit:g})"
     return None
 
@@ -349,7 +362,7 @@ def _scale_fragility(add: Adder, scaled_refs: list[dict], scaled: list[list]) ->
                 continue  # the problem itself loses accuracy at this scale
             rel, ratio = scale_free_errors(wide, out)
             if rel > max(rel_limit, 10 * ref_rel) or ratio > max(ratio_limit, 10 * ref_ratio):
-                name = _output_name(index, outputs)
+                name = output_name(index, outputs)
                 add("KD301", f"scale fragility: with the inputs scaled by {record['scale']:g}, "
                     f"{name} has relative L2 error {_num(rel)} and max error / max|reference| "
                     f"{_num(ratio)} against a float64 reference (limits {rel_limit:g}, "
@@ -379,10 +392,10 @@ def _layout_problem(reference: list, candidate: list) -> str | None:
         return f"forward returned {len(candidate)} tensors, the reference {len(reference)}"
     for index, (ref, out) in enumerate(zip(reference, candidate)):
         if tuple(ref.shape) != tuple(out.shape):
-            return (f"{_output_name(index, reference)} has shape {list(out.shape)}, "
+            return (f"{output_name(index, reference)} has shape {list(out.shape)}, "
                     f"the reference {list(ref.shape)}")
         if ref.dtype != out.dtype:
-            return (f"{_output_name(index, reference)} has dtype {_dtype(out)}, "
+            return (f"{output_name(index, reference)} has dtype {_dtype(out)}, "
                     f"the reference {_dtype(ref)}")
     return None
 
@@ -481,16 +494,6 @@ def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
     return rel, ratio
 
 
-def wrong_output(reference: Any, output: Any, tolerance: Tolerance) -> bool:
-    """What KD202 calls wrong: the output fails the preset's check and the scale-invariant one
-    (an output that passes either is no more than KD201 or KD203)."""
-    if tolerance.accepts(reference, output):
-        return False
-    rel, ratio = scale_free_errors(reference, output)
-    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
-    return not (rel <= rel_limit and ratio <= ratio_limit)
-
-
 def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance,
                  call: int | None = None, calls: int | None = None) -> bool:
     """KD201/KD202 per output; True when every output passes both checks. `call`: a later call
@@ -510,7 +513,7 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
         rel, ratio = scale_free_errors(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
         scale_ok = rel <= rel_limit and ratio <= ratio_limit
-        name = _output_name(index, reference)
+        name = output_name(index, reference)
         peak = float(ref.double().abs().max()) if ref.numel() else 0.0
         numbers = (f"relative L2 error {_num(rel)} (limit {rel_limit:g}), max error / "
                    f"max|reference| {_num(ratio)} (limit {ratio_limit:g}), max|reference| "
@@ -575,7 +578,7 @@ def _mutation(add: Adder, before: list, after: list, call: int | None = None,
                 numel=old.numel(), call=call)
 
 
-def _output_name(index: int, outputs: list) -> str:
+def output_name(index: int, outputs: list) -> str:
     return "the output" if len(outputs) == 1 else f"output {index}"
 
 

@@ -484,7 +484,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                     measure(add, run.metrics, timing_job(
                         options.timing, common, kernel, build, options.key, run.path, env=env,
                         inputs=shared, visible=visible, writable=(build,), **limits),
-                        refs, options.tolerance, device)
+                        refs, watched, options.tolerance, device)
                 if device == "cuda" and not rejected(run):
                     attribute(add, run.metrics, profile_job(
                         common, kernel, build, env=env, inputs=shared, visible=visible,

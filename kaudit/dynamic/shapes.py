@@ -33,7 +33,7 @@ from kaudit.dynamic.judge import (
     _dtype,
     _layout_problem,
     _num,
-    _output_name,
+    output_name,
     scale_free_errors,
     size_limit,
 )
@@ -186,7 +186,7 @@ def _fragile(plain: Any, expected: list) -> str | None:
         rel, ratio = scale_free_errors(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(_dtype(ref), SCALE_FREE_DEFAULT)
         if rel > rel_limit or ratio > ratio_limit:
-            return (f"is wrong: {_output_name(index, expected)} has relative L2 error "
+            return (f"is wrong: {output_name(index, expected)} has relative L2 error "
                     f"{_num(rel)} (limit {rel_limit:g}) and max error / max|reference| "
                     f"{_num(ratio)} (limit {ratio_limit:g})")
     return None

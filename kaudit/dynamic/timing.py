@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kaudit.dynamic.judge import Adder, size_limit, wrong_output
+from kaudit.dynamic.judge import Adder, fails_again, output_name, passed_checks, size_limit
 from kaudit.dynamic.witness import Unavailable, Witness
 from kaudit.dynamic.options import DEFAULT_SPEEDUP_TOLERANCE, TimingSettings
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
@@ -73,11 +73,12 @@ def timing_job(settings: TimingSettings, common: dict, kernel: str, build: str, 
     return Job(TIMING_TARGET, args, **job)
 
 
-def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, tolerance: Any,
+def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, watched: list, tolerance: Any,
             device: str) -> dict[str, Any] | None:
     """Run the timing job and judge it: the measurement (also in `run_metrics["measured"]`), or
-    None when there is none (a failed job, tampering, a wrong timed output). The robust method's
-    trials are witnessed on kaudit's own clock (`kaudit.dynamic.witness`)."""
+    None when there is none (a failed job, tampering, a wrong timed output). `watched`: the
+    watched calls' outputs on inputs A. The robust method's trials are witnessed on kaudit's own
+    clock (`kaudit.dynamic.witness`)."""
     with contextlib.ExitStack() as stack:
         witness = _witness(run_metrics) if job.args["method"] == "robust" else None
         if witness is not None:
@@ -94,7 +95,7 @@ def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, tolerance: Any,
             add("KD405", f"tampering: during the timing run the kernel had replaced what the "
                 f"timing relies on: {', '.join(names)}", tampered=names, reason="timing")
             return None
-        if _wrong_when_timed(add, result, job.args.get("check", []), refs, tolerance):
+        if _wrong_when_timed(add, result, job.args.get("check", []), refs, watched, tolerance):
             return None
         try:
             if witness is not None and witness.judge(add, info, run_metrics):
@@ -116,10 +117,11 @@ def _witness(run_metrics: dict) -> Witness | None:
 
 
 def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: dict,
-                      tolerance: Any) -> bool:
-    """KD406 when a checked trial's outputs are wrong as KD202 means it (trial t used inputs A
-    when t is even, B when odd): the same test the watched calls passed, so an output a little
-    past allclose but within the scale-invariant limits is no more wrong when timed."""
+                      watched: list, tolerance: Any) -> bool:
+    """KD406 when a checked trial's outputs (trial t used inputs A when t is even, B when odd)
+    fail a check the watched outputs on A passed (`judge.passed_checks`): a kernel exact when
+    watched and cheaper when timed is caught, one equally a little off in both is not."""
+    passed = [passed_checks(r, w, tolerance) for r, w in zip(refs["a"], watched)]
     for trial in checks:
         reference = refs["a" if trial % 2 == 0 else "b"]
         try:
@@ -128,16 +130,18 @@ def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: di
             add("KD406", f"only right when watched: the timing run's outputs are unusable: {exc}",
                 reason="timing")
             return True
-        wrong = len(outputs) != len(reference) or any(
-            o.shape != r.shape or o.dtype != r.dtype
-            or wrong_output(r, o, tolerance)
-            for r, o in zip(reference, outputs))
+        if len(outputs) != len(reference) or any(
+                o.shape != r.shape or o.dtype != r.dtype for r, o in zip(reference, outputs)):
+            wrong = "its outputs' layout differs from the reference's"
+        else:
+            wrong = next((problem for index, (r, o) in enumerate(zip(reference, outputs))
+                          for problem in [fails_again(r, o, passed[index], tolerance,
+                                                      output_name(index, reference))]
+                          if problem), None)
         if wrong:
             add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
                 f"but in the timing run (no poisoning, the reference timed beside it) trial "
-                f"{trial + 1} is wrong: its outputs fail {tolerance.name} allclose and the "
-                f"scale-invariant check",
-                reason="timing", trial=trial + 1)
+                f"{trial + 1} is wrong: {wrong}", reason="timing", trial=trial + 1)
             return True
     return False
 
