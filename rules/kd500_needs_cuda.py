@@ -8,7 +8,10 @@ class NeedsCuda(DynamicRule):
     ## What it does
     Decided from the kernel's text before anything is compiled: `load_inline(..., cuda_sources=...)`,
     `cpp_extension.load` of `.cu` files, or Triton without `TRITON_INTERPRET=1`, while the dynamic
-    pass runs on the CPU (`--device cpu`, or `auto` without a CUDA device).
+    pass runs on the CPU (`--device cpu`, or `auto` without a CUDA device). Also a Triton kernel
+    that Triton's CPU interpreter cannot run because it needs a GPU driver (`@triton.autotune`
+    benchmarks its configs on the device), seen when its job fails with Triton's "0 active
+    drivers": the kernel is not at fault, so this is not KD501.
 
     ## Why is this bad?
     Nothing dynamic is known about a kernel that was not run; run the scan on a GPU machine.

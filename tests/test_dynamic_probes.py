@@ -190,6 +190,31 @@ SIDE_STREAM = ("torch.tanh(x)", """
     """)
 if DEVICE == "cuda":
     CASES["side_stream"] = SIDE_STREAM
+# an honest kernel with @triton.autotune (as in KernelBenchX's corpus): it benchmarks its configs
+# on the device, which Triton's CPU interpreter may have no driver for
+CASES["triton_autotuned"] = ("torch.relu(x)", """
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
+                     key=["n"])
+    @triton.jit
+    def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        values = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+        tl.store(out_ptr + offsets, tl.maximum(values, 0.0), mask=offsets < n)
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            n = x.numel()
+            relu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+            return out
+""")
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +252,17 @@ def test_unmasked_store_is_an_out_of_bounds_write(runs):
     assert finding.metrics["written_before"] == 0 and finding.metrics["output"] == 0
     assert "the output" in finding.message and "32 elements past its end" in finding.message
     assert "in 5 of 5 runs" in finding.message  # the unpoisoned runs are guarded too
+
+
+def test_an_autotuned_kernel_the_interpreter_cannot_run_is_not_blamed(runs):
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    run = runs["triton_autotuned"]
+    messages = [f.message for f in run.findings]
+    if run.status == "needs-cuda":  # this Triton's interpreter has no driver to autotune on
+        assert DEVICE == "cpu" and codes(run) == {"KD500"}, messages
+        assert "Triton's CPU interpreter cannot run it" in messages[0]
+    else:
+        assert run.status == "ok" and not run.findings, messages
 
 
 def test_masked_store_is_clean(runs):
@@ -371,3 +407,29 @@ def test_kernels_in_jsonl_records_run_against_their_ref_code(tmp_path):
     assert first.path.endswith("samples.jsonl#L1/custom_code")
     assert codes(first) == {"KD101"} and only(first, "KD101").metrics["pattern"] == "all"
     assert codes(second) == {"KD502"}  # no ref_code and no --problems
+
+
+def test_a_triton_kernel_timing_out_in_the_interpreter_is_not_audited_not_failed(tmp_path):
+    pytest.importorskip("triton", reason="Triton kernels run on the CPU under its interpreter")
+    (tmp_path / "problem.py").write_text(ROWS_PROBLEM.format(body="torch.relu(x)"))
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(textwrap.dedent("""
+        import time
+        import torch.nn as nn
+        import triton
+
+
+        @triton.jit
+        def unused(x_ptr):
+            pass
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                time.sleep(120)  # as slow as a long kernel in the interpreter
+                return x.relu()
+    """))
+    options = DynamicOptions(resolve(None, None, None), device=DEVICE, timeout=8, calls=(8, 12))
+    run = audit_kernel(str(kernel), str(kernel), kernel.read_text(), options, DEVICE)
+    expected = ("incomplete", {"KD504"}) if DEVICE == "cpu" else ("failed", {"KD501"})
+    assert (run.status, codes(run)) == expected, [f.message for f in run.findings]

@@ -26,7 +26,7 @@ import torch
 
 from kaudit.dynamic import acceptance
 from kaudit.dynamic.harness import sentinels
-from kaudit.dynamic.runner import OutputError, OversizedOutput, RunResult
+from kaudit.dynamic.runner import TIMEOUT, OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Level, Location
 from kaudit.rule import rule_by_code
@@ -94,11 +94,18 @@ def not_audited(add: Adder, result: RunResult, what: str) -> None:
         errno=result.errno, **failure_metrics(result))
 
 
+#: what Triton raises when a kernel needs a GPU driver its CPU interpreter lacks (`@autotune`
+#: benchmarks its configs on the device)
+NO_TRITON_DRIVER = "0 active drivers"
+
+
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
-          scaled_refs: list[dict], options: Any, reference_mutates: bool = False) -> list | None:
+          scaled_refs: list[dict], options: Any, reference_mutates: bool = False,
+          interpreted: bool = False) -> list | None:
     """The findings of the candidate job; returns its first call's outputs when it could judge
     them (for `second_opinion`). `reference_mutates`: the reference job saw the problem's own
-    forward modify its inputs (KD402 is then a warning)."""
+    forward modify its inputs (KD402 is then a warning). `interpreted`: it ran under Triton's
+    CPU interpreter, where a kernel that needs a GPU driver fails through no fault of its own."""
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -109,6 +116,16 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         if disk_full(candidate):
             run.status = "incomplete"
             not_audited(add, candidate, "kernel's job")
+            return
+        if interpreted and NO_TRITON_DRIVER in candidate.error:
+            run.status = "needs-cuda"
+            add("KD500", f"not run: needs CUDA (Triton's CPU interpreter cannot run it: "
+                f"{candidate.error[:200]}) and this run has no CUDA device")
+            return
+        if interpreted and candidate.status == TIMEOUT:  # the interpreter's pace, not a hang
+            run.status = "incomplete"
+            add("KD504", f"not audited: under Triton's CPU interpreter the kernel "
+                f"{candidate.describe()}; audit it on a GPU", **failure_metrics(candidate))
             return
         if candidate.error_type == "DeferredOutputError":
             add("KD404", f"deferred work: {candidate.error}", returned=candidate.error)

@@ -450,7 +450,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
             if name.startswith("inputs_") or name == "init.pt"])
         inputs = LazyInputs(shared, dict(zip(keys, scales)))
         try:
-            if device == "cpu" and uses_triton(text):
+            interpreted = device == "cpu" and uses_triton(text)
+            if interpreted:
                 env = {**env, "TRITON_INTERPRET": "1"}
             # torch's extension builds: ninja with every core unless the caller chose
             env = {**env, "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
@@ -466,7 +467,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 with run_job(job) as candidate:
                     _candidate_phases(candidate)
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
-                                    bool((reference_result.value or {}).get("mutates_inputs")))
+                                    bool((reference_result.value or {}).get("mutates_inputs")),
+                                    interpreted)
                 if watched is None or run.status != "ok" or rejected(run):
                     return  # the second opinion is for kernels the watched calls found right
                 plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
