@@ -52,9 +52,12 @@ check() {
     timing) check spread && check overhead ;;
     spread) python3 bench/timing_spread.py --device $DEV --cases good_gelu_triton \
               good_pytorch_linear --repeat 3 --json "$R/spread.json" ;;
-    overhead) python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
-              good_pytorch_linear good_gelu_cuda --repeat 1 --timing on --sandbox both \
-              --json "$R/overhead.json" ;;
+    overhead)  # what the sandbox adds (timing off), then what the timing and profile runs add
+      for timing in off on; do
+        python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
+          good_pytorch_linear good_gelu_cuda --repeat 1 --timing $timing \
+          --sandbox $([ $timing = off ] && echo both || echo on) --json "$R/overhead_$timing.json"
+      done ;;
     problems) python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs 8 \
                 --limit-s 240 --json "$R/problems_l1.json" ;;
     corpus|corpus_cold|corpus_warm)  # cold and warm split over two commands share .kwork/corpus
