@@ -8,9 +8,10 @@
 #
 # Checks joined by + run at the same time under one limit: for checks of behaviour only, never for
 # a speed figure.
-# Checks: adversarial, fixtures, gputests, timing (spread, then overhead), problems (KernelBench
-# level 1 beside the naive check), corpus (80 real kernels cold, warm, resumed; corpus_cold and
-# corpus_warm split it), gpu_share, kbx, kbx_timed, kbx_quant, cudal1, real8, fk. Corpora are read
+# Checks: adversarial, fixtures, gputests, timing (spread, then overhead: overhead_off and
+# overhead_on), problems (KernelBench level 1 beside the naive check), corpus (80 real kernels cold,
+# warm, resumed; corpus_cold and corpus_warm split it), gpu_share, kbx, kbx_timed, kbx_quant,
+# cudal1, cudal1_full (all of one GPU file, resumed over commands), real8, fk. Corpora are read
 # from .corpora/ (bench/corpora.sh makes it from clones of the public repositories; keep it out of
 # git with .git/info/exclude); on a machine without kaudit's dependencies, wheels in .whl/ are
 # installed first. DEV=cpu runs the same checks on the CPU (to try the script).
@@ -52,12 +53,13 @@ check() {
     timing) check spread && check overhead ;;
     spread) python3 bench/timing_spread.py --device $DEV --cases good_gelu_triton \
               good_pytorch_linear --repeat 3 --json "$R/spread.json" ;;
-    overhead)  # what the sandbox adds (timing off), then what the timing and profile runs add
-      for timing in off on; do
-        python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
-          good_pytorch_linear good_gelu_cuda --repeat 1 --timing $timing \
-          --sandbox $([ $timing = off ] && echo both || echo on) --json "$R/overhead_$timing.json"
-      done ;;
+    overhead) check overhead_off && check overhead_on ;;
+    overhead_off|overhead_on)  # what the sandbox adds (timing off), and what the timing and
+      # profile runs add (timing on, sandboxed): the three cases in the same command each
+      local timing=${1#overhead_}
+      python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
+        good_pytorch_linear good_gelu_cuda --repeat 1 --timing $timing \
+        --sandbox $([ $timing = off ] && echo both || echo on) --json "$R/overhead_$timing.json" ;;
     problems) python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs 8 \
                 --limit-s 240 --json "$R/problems_l1.json" ;;
     corpus|corpus_cold|corpus_warm)  # cold and warm split over two commands share .kwork/corpus
@@ -78,6 +80,12 @@ check() {
     kbx_quant) python3 -m kaudit problems .corpora/kbx/data/kernelbenchx/Quantization \
                  --device $DEV --seeds 2 -f json --fail-on never -o "$R/kbx_quant.json" ;;
     cudal1) scan cudal1 .corpora/cudal1/h100_sub.json -j 8 ;;
+    cudal1_full)  # all of h100_xsm.json (249 kernels): longer than one command, so its result
+      # and build caches sit in .kwork (kept on a warm machine) and the next command resumes
+      XDG_CACHE_HOME=$PWD/.kwork/xdg python3 -m kaudit scan --dynamic --device $DEV \
+        --fail-on never -f json .corpora/cudal1/h100_xsm.json -j 14 \
+        --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
+        --stream "$R/cudal1_full.jsonl" -o "$R/cudal1_full.json" ;;
     real8) scan real8 .corpora/real8 --problems .corpora/kb -j 4 \
              --baseline-timings .corpora/a100_baseline.json ;;
     fk) rm -rf /tmp/fk && mkdir -p /tmp/fk/captures /tmp/fk/fastkernels/tasks/candidate/L1 &&
