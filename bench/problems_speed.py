@@ -79,7 +79,16 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
     slowest = sorted(lines, key=lambda line: -float(line.get("seconds") or 0))[:5]
     return {"seconds": seconds, "rc": rc, "problems": len(lines),
             "statuses": statuses, "stderr_tail": stderr[-800:],
-            "slowest": [(Path(line["path"]).name, round(float(line["seconds"]), 2)) for line in slowest]}
+            "slowest": [(Path(line["path"]).name, round(float(line["seconds"]), 2)) for line in slowest],
+            "retried_alone": sum(bool(line.get("retried_alone_on_gpu")) for line in lines),
+            "gpu_wait_s": round(sum(float(line.get("gpu_wait_s") or 0) for line in lines), 1),
+            # why a problem did not run, or ran in part: what the next run has to fix
+            "not_ok": [{"problem": Path(line["path"]).name, "status": line.get("status"),
+                        "seconds": line.get("seconds"),
+                        "retried_alone": line.get("retried_alone_on_gpu"),
+                        "why": [f"{f['rule']}: {f['message'][:400]}" for f in line["findings"]
+                                if f["rule"].startswith("KP5")]}
+                       for line in lines if line.get("status") != "ok"]}
 
 
 def main() -> int:
@@ -100,7 +109,11 @@ def main() -> int:
                "naive": naive, "kaudit": audit, "ratio": audit["seconds"] / naive["seconds"]}
     print(f"{len(files)} problems on {args.device}: naive check {naive['seconds']:.1f} s, "
           f"kaudit problems -j {args.jobs} {audit['seconds']:.1f} s "
-          f"({figures['ratio']:.1f}x), {audit['problems']} streamed, {audit['statuses']}")
+          f"({figures['ratio']:.1f}x), {audit['problems']} streamed, {audit['statuses']}, "
+          f"{audit['retried_alone']} run again alone on the GPU, {audit['gpu_wait_s']} s of "
+          "waits for GPU memory (summed over jobs)")
+    for problem in audit["not_ok"]:
+        print(f"  {problem['problem']} {problem['status']}: {'; '.join(problem['why'])[:300]}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kaudit.dynamic import gpu_share, problems, runner, sandbox, scratch
-from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, GpuClaim, GpuMemory
+from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, WIDE_SHARE, GpuClaim, GpuMemory
 from kaudit.dynamic.runner import ERROR, OK, OOM, Job, RunResult, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,22 +205,71 @@ class FakeLaunch:
         return RunResult(status, error="CUDA out of memory" if status == OOM else "")
 
 
-def test_an_out_of_memory_failure_runs_again_alone_on_the_gpu():
-    launch = FakeLaunch(OOM, OK)
-    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.3), launch)
+def test_an_out_of_memory_failure_runs_again_wider_then_alone_on_the_gpu():
+    launch = FakeLaunch(OOM, OOM, OK)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1), launch)
     assert result.ok and result.retried_alone
-    assert launch.alone == [False, True], "the retry holds the GPU's exclusive lock"
-    assert launch.fractions == [0.3, GPU_MEMORY_SHARE], "alone, the job is not capped to its share"
+    assert launch.alone == [False, False, True], "only the last run holds the exclusive lock"
+    assert launch.fractions == [0.1, WIDE_SHARE, GPU_MEMORY_SHARE], \
+        "its share, then half of the process's part, then alone and not capped to a share"
 
 
-def test_a_second_out_of_memory_failure_is_reported_with_what_was_free(monkeypatch):
+def test_a_job_that_fits_in_the_wider_cap_does_not_empty_the_gpu():
+    launch = FakeLaunch(OOM, OK)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1), launch)
+    assert result.ok and not result.retried_alone
+    assert launch.alone == [False, False] and launch.fractions == [0.1, WIDE_SHARE]
+
+
+def test_a_job_whose_share_is_already_wide_goes_straight_to_running_alone():
+    launch = FakeLaunch(OOM, OK)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", GPU_MEMORY_SHARE), launch)
+    assert result.ok and result.retried_alone and launch.alone == [False, True]
+
+
+def test_a_last_out_of_memory_failure_is_reported_with_what_was_free(monkeypatch):
     monkeypatch.setattr(gpu_share, "_nvidia_smi", lambda: {
         "0": GpuMemory("GPU-aaaa", 100 << 30, 140 << 30)})
-    launch = FakeLaunch(OOM, OOM)
+    launch = FakeLaunch(OOM, OOM, OOM)
     result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.3), launch)
-    assert result.status == OOM and len(launch.fractions) == 2
+    assert result.status == OOM and len(launch.fractions) == 3
     assert "alone on GPU 0" in result.describe() and "100.0 GiB free of 140.0 GiB" in \
         result.describe()
+
+
+def reserve_in_thread(book, fraction: float, wide: bool):
+    """Reserve `fraction` of `book` in a thread; (granted, release) events."""
+    granted, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with book.reserve(fraction, wide):
+            granted.set()
+            release.wait(30)
+
+    threading.Thread(target=hold, daemon=True).start()
+    return granted, release
+
+
+def test_a_wide_run_waits_for_room_and_later_jobs_wait_behind_it():
+    book = gpu_share._Ledger()
+    share = GPU_MEMORY_SHARE / 4
+    held = [reserve_in_thread(book, share, wide=False) for _ in range(4)]
+    assert all(granted.wait(10) for granted, _ in held), "jobs at their share do not wait"
+    wide, release_wide = reserve_in_thread(book, WIDE_SHARE, wide=True)
+    time.sleep(0.2)
+    later, release_later = reserve_in_thread(book, share, wide=False)
+    try:
+        assert not wide.wait(0.3), "the wide run waits while the GPU's part is full"
+        held[0][1].set()
+        assert not wide.wait(0.3), "one quarter free is not half"
+        held[1][1].set()
+        assert wide.wait(10), "half free: the wide run starts beside the other two"
+        assert not later.wait(0.3), "the GPU's part is full again: the later job waits"
+        held[2][1].set()
+        assert later.wait(10)
+    finally:
+        for event in (release_wide, release_later, *(release for _, release in held)):
+            event.set()
 
 
 def test_other_outcomes_run_once_and_the_cap_follows_free_memory(monkeypatch):
@@ -283,6 +332,9 @@ def test_a_problem_that_fits_alone_gets_no_out_of_memory_finding(problems_on_a_f
     assert problems_on_a_fake_gpu["launches"] == [False, True]
     (problem,) = report.problems
     assert problem.status == "ok" and "KP501" not in problem.codes(), problem.error
+    from kaudit.dynamic.problems_cli import stream_line
+
+    assert stream_line(problem)["retried_alone_on_gpu"] is True, "--stream says it ran alone"
 
 
 def test_the_finding_appears_when_the_retry_alone_also_runs_out(problems_on_a_fake_gpu):

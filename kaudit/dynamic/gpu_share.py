@@ -13,9 +13,15 @@ process, never in a job.
   or less when less is free: the memory free when it starts is measured with NVML through
   `nvidia-smi` (no CUDA context in kaudit's process), so the cap does not assume this process
   owns the GPU.
-- A job whose failure looks like running out of memory (`looks_oom`) runs once more holding the
-  GPU's *exclusive* lock (no other kaudit job of this user on that GPU, in any process), capped
-  only by what is free then; only a second failure is reported, with the memory that was free.
+- A job whose failure looks like running out of memory (`looks_oom`) runs again with a wider
+  cap, `WIDE_SHARE` (half of what this process may take), beside this process's other jobs: it
+  waits in this process's `_Ledger` until the jobs running leave it that much, and jobs that come
+  after it wait behind it. KernelBench level 1 has dozens of problems that need more than an
+  eighth of an H200 and fit in half of it; draining the whole GPU for each of them made the
+  audit of the level run one problem at a time.
+- A job that runs out even then runs once more holding the GPU's *exclusive* lock (no other
+  kaudit job of this user on that GPU, in any process), capped only by what is free then; only
+  that failure is reported, with the memory that was free.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +47,8 @@ from typing import Any
 
 #: share of a GPU's memory the jobs of one kaudit process may take together (caching allocator)
 GPU_MEMORY_SHARE = 0.9
+#: the cap of a job's second run, after it ran out of memory at its share
+WIDE_SHARE = GPU_MEMORY_SHARE / 2
 #: the smallest cap handed to a job (a fraction of the GPU's memory)
 MIN_FRACTION = 0.001
 #: seconds a free-memory measurement is reused
@@ -226,6 +235,51 @@ def holding(device: str, exclusive: bool) -> Iterator[None]:
         os.close(gate)
 
 
+class _Ledger:
+    """This process's use of one GPU, as fractions of its memory. Requests are granted in order
+    of arrival, so a wide request is not starved by the jobs that keep coming. A job at its share
+    never waits unless a wide job holds or waits for its memory; a wide job waits until what is
+    held leaves it room (or nothing is held)."""
+
+    def __init__(self) -> None:
+        self.held = 0.0
+        self.wide_held = 0
+        self.waiting: deque[object] = deque()
+        self.changed = threading.Condition()
+
+    def _fits(self, fraction: float, wide: bool) -> bool:
+        if not wide and not self.wide_held:
+            return True
+        return self.held == 0 or self.held + fraction <= GPU_MEMORY_SHARE + 1e-9
+
+    @contextlib.contextmanager
+    def reserve(self, fraction: float, wide: bool) -> Iterator[None]:
+        ticket = object()
+        with self.changed:
+            self.waiting.append(ticket)
+            self.changed.wait_for(lambda: self.waiting[0] is ticket and self._fits(fraction, wide))
+            self.waiting.popleft()
+            self.held += fraction
+            self.wide_held += wide
+            self.changed.notify_all()
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.held -= fraction
+                self.wide_held -= wide
+                self.changed.notify_all()
+
+
+_ledgers: dict[str, _Ledger] = {}
+_ledgers_lock = threading.Lock()
+
+
+def ledger(device: str) -> _Ledger:
+    with _ledgers_lock:
+        return _ledgers.setdefault(device, _Ledger())
+
+
 # -- running ---------------------------------------------------------------------------------
 
 
@@ -246,25 +300,47 @@ def looks_oom(result: Any) -> bool:
 
 def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
     """Run `job` (a `runner.Job`) with `launch` on its GPU under a shared lock; a failure that
-    looks like out of memory runs once more under the exclusive lock, and the second result is
-    the one returned, with `gpu_note` saying what was free."""
+    looks like out of memory runs again with `WIDE_SHARE`, then alone under the exclusive lock
+    (see the module's docstring). The last result is the one returned, with `gpu_wait_s` (time
+    spent waiting for memory and locks) and, after a failure alone, `gpu_note` saying what was
+    free."""
+    waited = 0.0
 
-    def capped(exclusive: bool) -> Any:
-        args = {**job.args, "gpu_memory_fraction": job_fraction(claim, exclusive)}
-        if exclusive and "schedule_seed" in args:
-            # a candidate's second run does not repeat the first one's call order (the first
+    def capped(share: float | None) -> Any:  # share None: alone on the GPU
+        alone = share is None
+        args = {**job.args, "gpu_memory_fraction": job_fraction(claim, alone) if alone
+                else job_fraction(dataclasses.replace(claim, share=share))}
+        if "schedule_seed" in args and share != claim.share:
+            # a candidate's later run does not repeat the first one's call order (the first
             # may have left notes in its build folder)
             args["schedule_seed"] = secrets.randbits(48)
         return dataclasses.replace(job, args=args)
 
-    with holding(claim.device, exclusive=False):
-        first = launch(capped(False))
-    if not looks_oom(first):
-        return first
-    first.close()
-    with holding(claim.device, exclusive=True):
+    @contextlib.contextmanager
+    def timed(*holds: Any) -> Iterator[None]:
+        nonlocal waited
+        started = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            for hold in holds:
+                stack.enter_context(hold)
+            waited += time.monotonic() - started
+            yield
+
+    def finish(result: Any) -> Any:
+        result.gpu_wait_s = round(waited, 3)
+        return result
+
+    shares = [claim.share] + ([WIDE_SHARE] if claim.share < WIDE_SHARE else [])
+    for share in shares:
+        with timed(ledger(claim.device).reserve(share, wide=share != claim.share),
+                   holding(claim.device, exclusive=False)):
+            result = launch(capped(share))
+        if not looks_oom(result):
+            return finish(result)
+        result.close()
+    with timed(holding(claim.device, exclusive=True)):
         forget_measurements()  # what the neighbours held is free now
-        job_alone = capped(True)
+        job_alone = capped(None)
         memory = gpu_memory(claim.device)
         second = launch(job_alone)
     second.retried_alone = True
@@ -273,4 +349,4 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
             if memory is not None else "free memory unknown"
         second.gpu_note = (f" (run again alone on GPU {claim.device}, no other kaudit job on it, "
                            f"{free}, cap {job_alone.args['gpu_memory_fraction']:g} of it)")
-    return second
+    return finish(second)

@@ -67,6 +67,8 @@ class ProblemResult:
     findings: list[Finding] = field(default_factory=list)
     #: it ran out of GPU memory beside other jobs and ran again alone on the GPU (`gpu_share`)
     retried_alone_on_gpu: bool = False
+    #: seconds its job waited for GPU memory and locks (neighbours' jobs)
+    gpu_wait_s: float = 0.0
 
     @property
     def max_abs(self) -> float | None:
@@ -88,7 +90,7 @@ class ProblemResult:
             "other_input_pairs": self.other_input_pairs, "degenerate": self.degenerate,
             "absolute": self.absolute, "gap": self.gap, "recommended": self.recommended,
             "seeds": self.seeds, "scales": self.scales,
-            "retried_alone_on_gpu": self.retried_alone_on_gpu,
+            "retried_alone_on_gpu": self.retried_alone_on_gpu, "gpu_wait_s": self.gpu_wait_s,
             "findings": [f.to_dict() for f in self.findings],
         }
 

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -175,6 +176,7 @@ def audit_problems(paths: Iterable[str], options: Options,
         line, lines = model
         display = display_path(shown)
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
+        started = time.monotonic()
         try:
             with slots.take() if slots else contextlib.nullcontext() as gpu, \
                     run_job(Job(JOB_TARGET, {
@@ -193,6 +195,8 @@ def audit_problems(paths: Iterable[str], options: Options,
                                     error=f"{internal}{exc.__class__.__name__}: {exc}")
             Finder(problem)("KP501", f"the problem could not be run: {problem.error}",
                             status="error", error_type=exc.__class__.__name__)
+        # every run of its job and the waits for the GPU, not only the last run
+        problem.wall_s = time.monotonic() - started
         problem.findings = assign_fingerprints(problem.findings, {display: lines})
         return problem
 

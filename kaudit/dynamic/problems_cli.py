@@ -37,7 +37,9 @@ def stream_line(problem) -> dict:
     worst = next((level for level in ("error", "warning", "note") if level in levels), "clean")
     return {"path": problem.path, "verdict": worst, "status": problem.status,
             "findings": [f.to_dict() for f in problem.findings],
-            "seconds": round(problem.wall_s, 3)}
+            "seconds": round(problem.wall_s, 3),
+            **({"gpu_wait_s": problem.gpu_wait_s} if problem.gpu_wait_s else {}),
+            **({"retried_alone_on_gpu": True} if problem.retried_alone_on_gpu else {})}
 
 
 def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,

@@ -127,6 +127,8 @@ class RunResult:
     retried_alone: bool = False
     #: for a job that ran out of GPU memory even alone on the GPU: what was free then
     gpu_note: str = ""
+    #: seconds it waited for GPU memory and locks before its runs (`gpu_share.run_claimed`)
+    gpu_wait_s: float = 0.0
     _root: Path | None = field(default=None, repr=False)
 
     @property
@@ -288,7 +290,7 @@ _job_seconds: ContextVar[dict[str, float] | None] = ContextVar("job_seconds", de
 def job_seconds() -> Iterator[dict[str, float]]:
     """The seconds of every job `run_job` runs in this context (in this thread), summed by kind
     (`reference`, `candidate`, `plain_run`, `timing`, `profile`, ...), waits for the GPU
-    included: where an audit's time goes."""
+    included and also counted alone (`gpu_wait`): where an audit's time goes."""
     seconds: dict[str, float] = {}
     token = _job_seconds.set(seconds)
     try:
@@ -322,7 +324,9 @@ def run_job(job: Job) -> RunResult:
     try:
         if job.gpu is not None:
             placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
-            return gpu_share.run_claimed(placed, job.gpu, _run_once)
+            result = gpu_share.run_claimed(placed, job.gpu, _run_once)
+            add_job_seconds("gpu_wait", result.gpu_wait_s)
+            return result
         return _run_once(job)
     finally:
         seconds = _job_seconds.get()
