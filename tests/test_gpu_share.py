@@ -317,7 +317,9 @@ def problems_on_a_fake_gpu(monkeypatch):
         if len(state["launches"]) <= state["fail"]:
             return RunResult(OOM, phase="forward", error_type="OutOfMemoryError",
                              error="CUDA out of memory. Tried to allocate 2.00 MiB")
-        return real(dataclasses.replace(job, args={**job.args, "device": "cpu"}))
+        result = real(dataclasses.replace(job, args={**job.args, "device": "cpu"}))
+        state.setdefault("statuses", []).append(result.status)
+        return result
 
     monkeypatch.setattr(runner, "_run_once", launch)
     return state
@@ -348,6 +350,38 @@ def test_the_finding_appears_when_the_retry_alone_also_runs_out(problems_on_a_fa
     (finding,) = [f for f in problem.findings if f.rule == "KP501"]
     assert "out of memory" in finding.message and "alone on GPU 0" in finding.message
     assert finding.metrics["retried_alone_on_gpu"] is True
+
+
+SHORT_OF_MEMORY_IN_FLOAT64 = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        if x.dtype == torch.float64:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 12.00 GiB")
+        return x * 2
+
+def get_inputs():
+    return [torch.randn(64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_problem_short_of_memory_stops_at_once_when_it_will_run_again(problems_on_a_fake_gpu,
+                                                                      tmp_path):
+    from kaudit.dynamic.tolerance import resolve
+
+    problem_file = tmp_path / "short.py"
+    problem_file.write_text(SHORT_OF_MEMORY_IN_FLOAT64)
+    report = problems.audit_problems([str(problem_file)], problems.Options(
+        resolve(None, None, None), seeds=2, timeout=120))
+    assert problems_on_a_fake_gpu["launches"] == [False, True]
+    assert problems_on_a_fake_gpu["statuses"] == [OOM, OK], \
+        "the first run ends at its float64 shortage; the run alone records it and goes on"
+    (problem,) = report.problems
+    assert problem.retried_alone_on_gpu and "KP502" in problem.codes(), problem.codes()
 
 
 # -- temporary disk --------------------------------------------------------------------------

@@ -309,7 +309,9 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
     def capped(share: float | None) -> Any:  # share None: alone on the GPU
         alone = share is None
         args = {**job.args, "gpu_memory_fraction": job_fraction(claim, alone) if alone
-                else job_fraction(dataclasses.replace(claim, share=share))}
+                else job_fraction(dataclasses.replace(claim, share=share)),
+                # a run that will be repeated with more memory may stop at its first shortage
+                "gpu_last_try": alone}
         if "schedule_seed" in args and share != claim.share:
             # a candidate's later run does not repeat the first one's call order (the first
             # may have left notes in its build folder)

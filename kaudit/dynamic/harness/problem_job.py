@@ -16,8 +16,9 @@ Every output component is saved with `torch.save` as two CPU tensors, `[values, 
 `manifest.json` in the output folder records, after every step, the files so far with their
 layout (shape, dtype, numel, sampled, NaN and Inf counts), so a run that times out or crashes late
 still hands back what it finished. The float64 and scaled runs are optional: their errors are
-recorded and the job goes on. On CUDA, `gpu_memory_fraction` caps the caching allocator (the
-share of the GPU the parent gave this job).
+recorded and the job goes on, except that running out of memory ends a job the parent will run
+again with more (`gpu_last_try` false): the rest of it would be done twice. On CUDA,
+`gpu_memory_fraction` caps the caching allocator (the share of the GPU the parent gave this job).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def run_problem(args: dict, out_dir: str) -> dict:
                                 "fp64_error": None, "torch": torch.__version__, "timings": {},
                                 "files": {}}
     saver = _Saver(torch, out_dir, int(args.get("max_elements", MAX_ELEMENTS)), manifest)
+
+    def optional_step_failed(exc: Exception) -> str:
+        if is_oom(exc) and args.get("gpu_last_try") is False:
+            raise exc
+        return _describe(exc)
 
     def step(name: str) -> None:
         manifest["phase"] = name
@@ -130,7 +136,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
                     record["fp64"] = saver.save(outputs, f"seed{seed}_fp64.pt")
                     del outputs
                 except Exception as exc:  # noqa: BLE001 - float64 is optional
-                    manifest["fp64_error"] = _describe(exc)
+                    manifest["fp64_error"] = optional_step_failed(exc)
                     reference64 = None
                     _free(torch, device)
                 manifest["timings"]["fp64_s"] = round(time.monotonic() - started, 3)
@@ -150,7 +156,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
             record["native"] = saver.save(outputs, f"scale{scale:g}.pt")
             del outputs
         except Exception as exc:  # noqa: BLE001
-            record["error"] = _describe(exc)
+            record["error"] = optional_step_failed(exc)
             _free(torch, device)
         if reference64 is not None and record["native"]:
             step("scale-fp64")
@@ -163,7 +169,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
                 record["fp64"] = saver.save(outputs, f"scale{scale:g}_fp64.pt")
                 del outputs
             except Exception as exc:  # noqa: BLE001
-                record["fp64_error"] = _describe(exc)
+                record["fp64_error"] = optional_step_failed(exc)
                 _free(torch, device)
         elif reference64 is None:
             record["fp64_error"] = manifest["fp64_error"] or "no float64 reference"
