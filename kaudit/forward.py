@@ -365,6 +365,8 @@ class ForwardAnalysis:
             return None
         operands = (node.target, node.value) if isinstance(node, ast.AugAssign) \
             else (node.left, node.right)
+        if isinstance(node, ast.BinOp) and _is_scalar(node):
+            return None  # `input.dim() + dim`, `x.size(0) - 1`: shape arithmetic on numbers
         if any(self.is_tensor(operand, cls, function) for operand in operands):
             if isinstance(node, ast.AugAssign):
                 symbol += "="
@@ -438,6 +440,9 @@ class ForwardAnalysis:
         # other cycle (`y = y * 2` with nothing else) decides nothing
         result = _is_tensor_parameter(function, name.id, function is self.forward,
                                       is_method=self.model_new is not None)
+        if result and any(_is_scalar(value) for value in
+                          self.callees.local_values(function).get(name.id, [])):
+            result = False  # `start = start.item()`: a number from there on, not surely a tensor
         self._tensor_names[key] = result
         if not result:
             values = [v for v in self.callees.local_values(function).get(name.id, [])
@@ -543,11 +548,35 @@ def _operator_operands(node: ast.AST) -> set[int]:
     return found
 
 
+#: methods and functions whose result is a Python number (shapes, counts, `.item()`)
+_SCALAR_METHODS = frozenset({"dim", "ndimension", "size", "numel", "nelement", "stride",
+                             "element_size", "item", "storage_offset", "get_device"})
+_SCALAR_FUNCTIONS = frozenset({"len", "int", "float", "bool"})
+
+
+def _is_scalar(expr: ast.AST) -> bool:
+    """An expression that surely holds a Python number: `x.dim()`, `x.size(0)`, `t.item()`,
+    `len(shape)`, `int(n)`, `x.ndim`, and arithmetic of one with names and constants
+    (`input.dim() + dim`)."""
+    if isinstance(expr, ast.BinOp):
+        sides = (expr.left, expr.right)
+        return any(_is_scalar(side) for side in sides) and \
+            all(_is_scalar(side) or isinstance(side, (ast.Name, ast.Constant)) for side in sides)
+    if isinstance(expr, ast.Attribute):
+        return expr.attr == "ndim"
+    if not isinstance(expr, ast.Call):
+        return False
+    if isinstance(expr.func, ast.Attribute):
+        return expr.func.attr in _SCALAR_METHODS
+    return isinstance(expr.func, ast.Name) and expr.func.id in _SCALAR_FUNCTIONS
+
+
 def _is_tensor_parameter(function: FunctionNode, name: str, is_forward: bool,
                          is_method: bool = True) -> bool:
     """A parameter annotated `Tensor`, or any parameter of `forward` (KernelBench passes tensors)
-    other than `self` (when the entry point is a method, not a function a benchmark calls) and
-    those with a default that is not None."""
+    other than `self` (when the entry point is a method, not a function a benchmark calls),
+    those annotated with anything that names no tensor (`dim: int`) and those with a default
+    that is not None."""
     args = function.args
     positional = [*args.posonlyargs, *args.args]
     defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]],
@@ -559,6 +588,8 @@ def _is_tensor_parameter(function: FunctionNode, name: str, is_forward: bool,
         annotation = dotted_parts(arg.annotation) if arg.annotation is not None else None
         if annotation and annotation[-1] == "Tensor":
             return True
+        if arg.annotation is not None and "Tensor" not in ast.unparse(arg.annotation):
+            return False  # `dim: int`, `shape: tuple[int, ...]`
         if not is_forward or (is_method and positional and arg is positional[0]):
             return False  # a helper's parameter, or `self`
         default = defaults.get(name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 # device plumbing, grad modes, RNG setup. Anything else called from `torch.` is treated as compute.
 TORCH_NON_COMPUTE = frozenset({
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
-    "full_like", "arange", "linspace", "tensor", "as_tensor", "as_strided", "from_numpy",
+    "full_like", "arange", "linspace", "eye", "tensor", "as_tensor", "as_strided", "from_numpy",
     "rand", "randn", "randint", "rand_like", "randn_like", "manual_seed", "seed", "Generator",
     "cat", "concat", "concatenate", "stack", "hstack", "vstack", "split", "chunk", "unbind",
     "reshape", "flatten", "squeeze", "unsqueeze", "transpose", "permute", "movedim", "narrow",

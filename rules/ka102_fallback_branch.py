@@ -1,4 +1,5 @@
 import ast
+import dataclasses
 from collections.abc import Iterable
 
 from kaudit.branches import exclusive_alternatives
@@ -21,6 +22,12 @@ class FallbackBranch(Rule):
     logs, and a condition on a loop's position (`if i == len(self.layers) - 1:` choosing
     `torch.mm` for the last layer) are not reported: under `--policy kernelbench` KA108 lists
     what stays in PyTorch.
+
+    A branch taken only for inputs a benchmark does not give is a warning, not an error: a guard
+    on the device (`if not x.is_cuda:`, `x.device.type == "cpu"`), on the dtype (the `else` of
+    `if x.dtype == torch.float32:`), or on an empty input (`x.numel() == 0`, `len(dim) == 0`).
+    The dynamic pass shows whether the kernel ran on the benchmark's inputs (KD601, KD602); a
+    condition on sizes (`if n < 32:`) stays an error, since the benchmark's sizes may take it.
 
     ## Why is this bad?
     The custom kernel may fail to build, raise, or be skipped for the benchmark's device, dtype
@@ -67,11 +74,47 @@ class FallbackBranch(Rule):
                         ops = analysis.reference_ops_reached((first, second)[fallback], owner)
                         which = "holds" if fallback == 0 else "fails"
                         where = model.header_location(node) if isinstance(node, ast.If) else node
-                        yield self.report(
+                        guard = _guard(node)
+                        finding = self.report(
                             model, where,
                             f"when this condition {which}, the reference runs instead of the "
-                            f"custom kernel: {ops[0].description} (line {model.line_of(ops[0].node)})")
+                            f"custom kernel: {ops[0].description} (line {model.line_of(ops[0].node)})"
+                            + (f" (a guard on the input's {guard}, which a benchmark's inputs do "
+                               "not take: a warning)" if guard else ""))
+                        yield dataclasses.replace(finding, level=Level.WARNING) if guard \
+                            else finding
                         break
+
+
+_DEVICE_ATTRIBUTES = frozenset({"is_cuda", "is_cpu", "device", "is_available"})
+_EMPTY_PROBES = frozenset({"numel", "nelement", "dim", "ndimension", "ndim", "len"})
+
+
+def _guard(node: ast.AST) -> str | None:
+    """What the branch's condition tests when it is only a guard: "device", "dtype" or
+    "emptiness" (every part of an `and`/`or`); None when any part tests something else (sizes,
+    flags, values)."""
+    test = getattr(node, "test", None)
+    return None if test is None else _guard_kind(test)
+
+
+def _guard_kind(test: ast.AST) -> str | None:
+    if isinstance(test, ast.BoolOp):
+        kinds = [_guard_kind(value) for value in test.values]
+        return kinds[0] if None not in kinds else None
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _guard_kind(test.operand)
+    names = {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)} | \
+        {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    if names & _DEVICE_ATTRIBUTES:
+        return "device"
+    if "dtype" in names:
+        return "dtype"
+    if names & _EMPTY_PROBES and isinstance(test, ast.Compare) and \
+            isinstance(test.comparators[-1], ast.Constant) and test.comparators[-1].value == 0 \
+            and isinstance(test.ops[-1], (ast.Eq, ast.LtE)):
+        return "emptiness"
+    return None
 
 
 def _loop_position(node: ast.AST, function: ast.AST) -> bool:

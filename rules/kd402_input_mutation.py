@@ -9,7 +9,9 @@ class InputMutation(DynamicRule):
     Compares the inputs after every call, bit for bit, with the inputs as `get_inputs()` produced
     them. Reported with the count of changed elements per input and the first call that changed
     them. An error; a warning when the reference problem's own forward modifies its inputs too
-    (the reference job checks that).
+    (the reference job checks that), and nothing for an input the kernel leaves as the reference
+    leaves it, within the tolerance (an `out=` buffer, an in-place operator the problem itself
+    applies).
 
     ## Why is this bad?
     A harness that reuses its inputs for the reference, for a later trial or for timing runs then

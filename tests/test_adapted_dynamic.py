@@ -56,6 +56,14 @@ def test_kernelbenchx_function_runs_with_the_arguments_of_its_test(runs):
     assert unwritten.metrics["numel"] == 32 * 48 and unwritten.metrics["unwritten"] == 48
 
 
+def test_kernelbenchx_out_buffer_written_as_the_reference_writes_it_is_no_mutation(runs):
+    """The test passes `out=`; the reference writes it. Its inputs are taken as the test made them
+    (not after the reference filled `out`), and a kernel that leaves `out` as the reference does,
+    a last bit apart, has modified nothing it should not have (KD402 was an error here)."""
+    honest = runs["dynamic/kernelbenchx/submissions/sqrt_exp.py"]
+    assert (honest.status, findings(honest)) == ("ok", []), honest.findings
+
+
 def test_kernelbenchx_kernel_is_checked_at_the_sizes_it_is_timed_at(runs):
     """The checkout's timing template (metrics/golden_metrics/softplus_perf.py) times 2^12 to
     2^23 elements; within the CPU budget (16 MiB an input) the smallest, the middle and the
@@ -161,7 +169,10 @@ def test_problems_of_other_benchmarks_run_with_their_check():
     data = json.loads(proc.stdout)
     by_path = {p["path"].split("benchmarks/", 1)[1]: p for p in data["problems"]}
     assert set(by_path) == {"atrex/data/scaled_relu/reference.py",
-                            "dynamic/kernelbenchx/data/kernelbenchx/Activation/softplus.py"}
+                            "dynamic/kernelbenchx/data/kernelbenchx/Activation/softplus.py",
+                            "dynamic/kernelbenchx/data/kernelbenchx/Math/sqrt_exp.py"}
+    out_buffer = by_path["dynamic/kernelbenchx/data/kernelbenchx/Math/sqrt_exp.py"]
+    assert out_buffer["status"] == "ok", out_buffer["findings"]
     relu = by_path["atrex/data/scaled_relu/reference.py"]
     assert relu["tolerance"] == {"preset": "atrex", "atol": 0.01, "rtol": 0.05}
     assert relu["shape"] == [1024, 4096]  # the smaller of its two sizes

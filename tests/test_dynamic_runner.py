@@ -209,7 +209,7 @@ def test_problems_without_torch_is_a_usage_error():
 
 
 def test_job_seconds_add_up_by_kind_and_a_kernels_report_of_its_phases_is_bounded():
-    from kaudit.dynamic.kernels import MAX_PHASES, _candidate_phases
+    from kaudit.dynamic.kernels import MAX_PHASES, _job_phases
     from kaudit.dynamic.runner import RunResult, add_job_seconds, job_seconds
 
     add_job_seconds("outside", 1.0)  # no collection open: nothing to add to
@@ -220,8 +220,8 @@ def test_job_seconds_add_up_by_kind_and_a_kernels_report_of_its_phases_is_bounde
         add_job_seconds("timing", -3)
         # the candidate job ran the kernel, which may have rewritten what it reports
         flood = {f"phase{n}": 0.1 for n in range(1000)} | {"x" * 500: 1e9}
-        _candidate_phases(RunResult(OK, value={"phase_seconds": flood}))
-        _candidate_phases(RunResult(OK, value={"phase_seconds": "not a dict"}))
+        _job_phases("candidate", RunResult(OK, value={"phase_seconds": flood}))
+        _job_phases("candidate", RunResult(OK, value={"phase_seconds": "not a dict"}))
     assert seconds["timing"] == 2.0
     assert len([k for k in seconds if k.startswith("candidate:")]) == MAX_PHASES
     assert all(len(k) <= len("candidate:") + 40 for k in seconds)

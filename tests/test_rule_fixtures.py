@@ -76,3 +76,20 @@ def test_every_rule_has_bad_and_good_fixtures(rule):
 def test_fixture_folders_name_real_rules():
     codes = {rule.code for rule in all_rules()}
     assert {p.name for p in RULE_FIXTURES.iterdir() if p.is_dir()} <= codes
+
+
+def test_a_fallback_behind_a_guard_no_benchmark_input_takes_is_a_warning():
+    """KA102 rejects a branch the benchmark's inputs may take (a size threshold, a failing
+    build); one for another device, another dtype or an empty input is a warning (the dynamic
+    pass tells whether the kernel ran)."""
+    folder = RULE_FIXTURES / "KA102"
+    levels = {}
+    for name in ("bad_small_size_dispatch", "bad_try_except_gelu", "bad_device_early_return",
+                 "bad_elif_dtype_layernorm", "bad_empty_input_guard"):
+        report = scan_paths([str(folder / f"{name}.py")], Config())
+        (finding,) = [f for f in report.findings if f.rule == "KA102"]
+        levels[name] = finding.level
+    assert levels == {"bad_small_size_dispatch": Level.ERROR, "bad_try_except_gelu": Level.ERROR,
+                      "bad_device_early_return": Level.WARNING,
+                      "bad_elif_dtype_layernorm": Level.WARNING,
+                      "bad_empty_input_guard": Level.WARNING}

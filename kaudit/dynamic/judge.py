@@ -100,11 +100,13 @@ NO_TRITON_DRIVER = "0 active drivers"
 
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
-          scaled_refs: list[dict], options: Any, reference_mutates: bool = False,
+          scaled_refs: list[dict], options: Any,
+          reference_mutates: dict[str, list] | None = None,
           interpreted: bool = False) -> list | None:
     """The findings of the candidate job; returns its first call's outputs when it could judge
-    them (for `second_opinion`). `reference_mutates`: the reference job saw the problem's own
-    forward modify its inputs (KD402 is then a warning). `interpreted`: it ran under Triton's
+    them (for `second_opinion`). `reference_mutates`: None, or what the problem's own forward
+    left in the input sets it modified (KD402 is then a warning, and none for an input left as
+    the reference leaves it). `interpreted`: it ran under Triton's
     CPU interpreter, where a kernel that needs a GPU driver fails through no fault of its own."""
     if not candidate.ok:
         run.status = "failed"
@@ -185,7 +187,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
         _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"),
-                  reference_mutates=reference_mutates)
+                  reference_mutates, options.tolerance, mutated["inputs"])
     return plain_a
 
 
@@ -573,14 +575,21 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
 
 
 def _mutation(add: Adder, before: list, after: list, call: int | None = None,
-              reference_mutates: bool = False) -> None:
+              reference_mutates: dict[str, list] | None = None,
+              tolerance: Tolerance | None = None, kind: str = "a") -> None:
     """KD402, from the inputs of the first call that changed them (compared here, again): an
-    error, a warning when the reference problem modifies its inputs too."""
+    error, a warning when the reference problem modifies its inputs too. An input the kernel
+    leaves as the reference leaves it (an `out=` buffer, within the tolerance) is an output."""
     when = f" (call {call})" if call else ""
-    level = Level.WARNING if reference_mutates else None
-    also = "; the reference problem modifies its inputs too" if reference_mutates else ""
+    level = Level.WARNING if reference_mutates is not None else None
+    also = "; the reference problem modifies its inputs too" \
+        if reference_mutates is not None else ""
+    expected = (reference_mutates or {}).get(kind)
     for index, (old, new) in enumerate(zip(before, after)):
         if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
+            continue
+        if expected is not None and tolerance is not None and index < len(expected) and \
+                _left_as_the_reference_leaves_it(expected[index], new, tolerance):
             continue
         if old.shape != new.shape or old.dtype != new.dtype:
             add("KD402", f"input {index} changed shape or dtype during forward{when}{also}",
@@ -593,6 +602,15 @@ def _mutation(add: Adder, before: list, after: list, call: int | None = None,
                 f"{when}: {count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) "
                 f"differ afterwards{also}", level=level, input=index, changed=count,
                 numel=old.numel(), call=call)
+
+
+def _left_as_the_reference_leaves_it(expected: Any, new: Any, tolerance: Tolerance) -> bool:
+    if not isinstance(expected, torch.Tensor) or expected.shape != new.shape or \
+            expected.dtype != new.dtype:
+        return False
+    if not expected.is_floating_point():
+        return bool(torch.equal(expected, new))
+    return all(passed_checks(expected, new, tolerance))
 
 
 def output_name(index: int, outputs: list) -> str:

@@ -430,10 +430,14 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 f"{reference_result.describe()}{memory_note(reference_result, memory)}",
                 **failure_metrics(reference_result))
             return
+        _job_phases("reference", reference_result)
         keys = [f"s{index}" for index in range(len(scales))]
+        loading = time.monotonic()
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
             scaled_refs = _scaled_references(reference_result, keys, scales)
+            reference_left = _reference_mutations(reference_result)
+            add_job_seconds("parent:load-references", time.monotonic() - loading)
         except OutputError as exc:
             run.status = "reference-failed"
             add("KD503", f"not run: the reference problem {run.problem} returned no tensors: "
@@ -465,10 +469,11 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                              "calls": schedule.randint(*options.calls)},
                           env=env, inputs=shared, visible=visible, writable=(build,), **limits)
                 with run_job(job) as candidate:
-                    _candidate_phases(candidate)
+                    _job_phases("candidate", candidate)
+                    judging = time.monotonic()
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
-                                    bool((reference_result.value or {}).get("mutates_inputs")),
-                                    interpreted)
+                                    reference_left, interpreted)
+                    add_job_seconds("parent:judge", time.monotonic() - judging)
                 if watched is None or run.status != "ok" or rejected(run):
                     return  # the second opinion is for kernels the watched calls found right
                 plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
@@ -528,13 +533,27 @@ class LazyInputs(Mapping[str, list]):
         return 2 + len(self._scales)
 
 
-def _candidate_phases(candidate: RunResult) -> None:
-    """The candidate job's phases (import: the compile; forward ...) into `job_seconds`; the job
-    ran the kernel, so what it reports is bounded (names, count, numbers)."""
-    value = candidate.value if isinstance(candidate.value, dict) else {}
+def _reference_mutations(result: RunResult) -> dict[str, list] | None:
+    """What the problem's own forward left in each input set it modified (`a`, `b`), or None
+    when it modifies none. Raises OutputError for a file that cannot be read."""
+    if not (result.value or {}).get("mutates_inputs"):
+        return None
+    left: dict[str, list] = {}
+    for name in ("a", "b"):
+        file = f"ref_inputs_after_{name}.pt"
+        if file in result.files():
+            left[name] = list(result.load(file))
+    return left
+
+
+def _job_phases(kind: str, result: RunResult) -> None:
+    """A job's phases (the candidate's import: the compile; forward ...; the reference's inputs,
+    saves ...) into `job_seconds` as `<kind>:<phase>`; the candidate job ran the kernel, so what
+    it reports is bounded (names, count, numbers)."""
+    value = result.value if isinstance(result.value, dict) else {}
     phases = value.get("phase_seconds")
     for name, seconds in list(phases.items() if isinstance(phases, dict) else ())[:MAX_PHASES]:
-        add_job_seconds(f"candidate:{str(name)[:40]}", seconds)
+        add_job_seconds(f"{kind}:{str(name)[:40]}", seconds)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:
