@@ -96,6 +96,20 @@ def test_kd701_levels(claimed, verified, expected):
             run.findings[0].message
 
 
+@pytest.mark.parametrize(("claimed_ms", "expected"), [
+    (1.2, "error"),       # the claim was timed as kaudit timed it
+    (None, "error"),      # no runtime claimed
+    (25.0, "warning"),    # 25x the measured runtime: larger inputs (KernelBenchX's template)
+    (0.01, "error")])     # far under it: what a kernel doing less work when timed claims
+def test_kd701_is_a_warning_when_the_claim_was_timed_on_larger_inputs(claimed_ms, expected):
+    run = KernelRun("k.py")
+    measured = {"speedup": 0.9, "runtime_ms": 1.0, "reference_ms": 0.9, "trials": 30,
+                "iqr": 0.01, "method": "cuda-events", "device": "cuda"}
+    speedup_findings(Adder(run, Location("k.py", 3)), 3.0, measured, 1.5, claimed_ms)
+    (finding,) = run.findings
+    assert finding.level.value == expected, finding.message
+
+
 def test_settings():
     assert not TimingSettings().enabled("cpu") and TimingSettings().enabled("cuda")
     assert TimingSettings("on").enabled("cpu") and TimingSettings("kernelbench").enabled("cpu")
