@@ -18,10 +18,12 @@ class FallbackBranch(Rule):
     without any custom kernel while the other branch (or, after an early `return`, the rest of
     the function) calls the custom kernel. Helpers are followed, and so are extension handles set
     in `__init__` (also inside `try`, with `None` in the `except`); a fallback written with
-    operators (`a * b`) counts. A `try` around `load_inline` that re-raises, a handler that only
-    logs, and a condition on a loop's position (`if i == len(self.layers) - 1:` choosing
-    `torch.mm` for the last layer) are not reported: under `--policy kernelbench` KA108 lists
-    what stays in PyTorch.
+    operators (`a * b`) counts, and so does a handler that swallows the error (`except: pass`,
+    or a log line) when the `try` returns the kernel's answer and the code after it runs the
+    reference. A `try` around `load_inline` that re-raises, a handler that logs and re-raises,
+    and a condition on a loop's position (`if i == len(self.layers) - 1:` choosing `torch.mm`
+    for the last layer) are not reported: under `--policy kernelbench` KA108 lists what stays in
+    PyTorch.
 
     A branch taken only for inputs a benchmark does not give is a warning, not an error: a guard
     on the device (`if not x.is_cuda:`, `x.device.type == "cpu"`), on the dtype (the `else` of
@@ -58,11 +60,18 @@ class FallbackBranch(Rule):
             for node in walk_code(function.body):
                 if isinstance(node, ast.ExceptHandler):
                     ops = analysis.reference_ops_reached(node.body, owner)
+                    after = "" if ops else " after it"
+                    tried, later = _after_swallowed(function.body, node)
+                    if not ops and tried is not None and \
+                            OpKind.CUSTOM_KERNEL in analysis.kinds_reached(tried.body, owner):
+                        # `except: pass`, and the reference after the `try`
+                        ops = analysis.reference_ops_reached(later, owner)
                     if ops:
                         yield self.report(
                             model, model.header_location(node),
                             f"this `except` falls back to {ops[0].description} "
-                            f"(line {model.line_of(ops[0].node)}) when the custom path raises")
+                            f"(line {model.line_of(ops[0].node)}){after} when the custom path "
+                            "raises")
             for node, first, second in exclusive_alternatives(function.body):
                 if _loop_position(node, function):
                     continue  # the last layer of a loop, by design: not a fallback
@@ -84,6 +93,41 @@ class FallbackBranch(Rule):
                         yield dataclasses.replace(finding, level=Level.WARNING) if guard \
                             else finding
                         break
+
+
+def _after_swallowed(body: list[ast.stmt], handler: ast.ExceptHandler
+                     ) -> tuple[ast.Try | None, list[ast.stmt]]:
+    """The `try` of `handler` and what runs after it, when the handler lets the function go on
+    (no return, raise, continue or break in it) while the `try` returns its answer: the
+    statements after the `try` in its block and in every block around it. (None, []) otherwise."""
+    path = _enclosing(body, handler, [])
+    if path is None:
+        return None, []
+    block, index = path[-1]
+    tried = block[index]
+    escapes = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+    if any(isinstance(node, escapes) for node in walk_code(handler.body)) or \
+            not any(isinstance(statement, ast.Return) for statement in tried.body):
+        return None, []
+    return tried, [statement for block, index in reversed(path) for statement in block[index + 1:]]
+
+
+def _enclosing(body: list[ast.stmt], handler: ast.ExceptHandler,
+               path: list[tuple[list[ast.stmt], int]]) -> list[tuple[list[ast.stmt], int]] | None:
+    """(block, index) from the function's body down to the `try` holding `handler`."""
+    for index, statement in enumerate(body):
+        if isinstance(statement, ast.Try) and handler in statement.handlers:
+            return [*path, (body, index)]
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        blocks = [getattr(statement, name) for name in ("body", "orelse", "finalbody")
+                  if isinstance(getattr(statement, name, None), list)]
+        blocks += [inner.body for inner in getattr(statement, "handlers", [])]
+        for block in blocks:
+            found = _enclosing(block, handler, [*path, (body, index)])
+            if found is not None:
+                return found
+    return None
 
 
 _DEVICE_ATTRIBUTES = frozenset({"is_cuda", "is_cpu", "device", "is_available"})

@@ -1,3 +1,5 @@
+import dataclasses
+import re
 from collections.abc import Iterable
 
 from kaudit.cpp import CppIndex
@@ -36,8 +38,10 @@ class CppLibraryFallback(Rule):
     statistics a kernel computed, or `losses.mean()` finishing a kernel's reduction are then a
     partial replacement, listed by KA108. A library call on a branch that returns before any
     kernel of its host function runs (`if (cols > 1024) return torch::argmin(x, -1);`, `else
-    return torch::max(...)`) is still an error: there the library answers instead of the kernel.
-    Under `--policy strict` every call is an error.
+    return torch::max(...)`) is still an error: there the library answers instead of the kernel;
+    a warning when the branch is only a guard no benchmark input takes, as in KA102 (`if
+    (!x.is_cuda())`, a dtype test, `x.numel() == 0`). Under `--policy strict` every call is an
+    error.
 
     ## Why is this bad?
     The Python side looks clean -- `forward` calls only the compiled extension -- while the
@@ -73,22 +77,31 @@ class CppLibraryFallback(Rule):
         if not calls:
             return
         reasons = {id(call): "" for call in calls}
+        guards: dict[int, str] = {}  # calls on a branch only a guard chooses (warnings)
         if model.policy == "kernelbench":
             work = CustomWork.of(model)
             if work.real_work:
                 # a partial replacement (KA108 lists what stays in the library), except where
                 # the library answers on a branch that returns before the kernel would run
-                reasons = {id(call): " (on a branch that returns it without launching the "
-                                     "function's kernel: a fallback, not an epilogue)"
-                           for call in calls if _instead_of_kernel(model, call)}
+                branches = {id(call): _instead_of_kernel(model, call) for call in calls}
+                reasons = {key: " (on a branch that returns it without launching the function's "
+                                "kernel: a fallback, not an epilogue)"
+                           for key, branch in branches.items() if branch is not None}
+                guards = {key: kind for key, branch in branches.items()
+                          if branch is not None and (kind := _guard(branch))}
             else:
                 reasons = {id(call): f" ({work.describe()})" for call in calls}
         for call in calls:
             if id(call) not in reasons:
                 continue
-            yield self.report(model, call.call.unit.location(call.call.node),
-                              f"{call.place} computes with {call.evidence} instead of a custom "
-                              f"kernel{reasons[id(call)]}", category=call.category)
+            guard = guards.get(id(call))
+            finding = self.report(model, call.call.unit.location(call.call.node),
+                                  f"{call.place} computes with {call.evidence} instead of a "
+                                  f"custom kernel{reasons[id(call)]}"
+                                  + (f" (a guard on the input's {guard}, which a benchmark's "
+                                     "inputs do not take: a warning)" if guard else ""),
+                                  category=call.category)
+            yield dataclasses.replace(finding, level=Level.WARNING) if guard else finding
 
 
 def _running(model: SourceModel, calls: list[LibraryCall]) -> list[LibraryCall]:
@@ -106,16 +119,33 @@ def _running(model: SourceModel, calls: list[LibraryCall]) -> list[LibraryCall]:
             or f"cpp:{call.call.function.name}" in used]
 
 
-def _instead_of_kernel(model: SourceModel, call: LibraryCall) -> bool:
-    """The call sits in a branch of an `if` that returns and launches nothing, in a host function
-    that launches a kernel on its other paths: `if (n > 1024) return torch::argmin(x, dim);`,
-    `else { return torch::max(x, dim).values; }`."""
+_DEVICE = re.compile(r"\b(?:is_cuda|is_cpu|device|device_type|get_device)\b")
+_DTYPE = re.compile(r"\b(?:scalar_type|dtype|ScalarType|kFloat\w*|kHalf|kBFloat16|kDouble)\b")
+_EMPTY = re.compile(r"^\(?\s*[\w.>-]+(?:\.|->)(?:numel|size|dim)\(\s*\d*\s*\)\s*==\s*0\s*\)?$")
+
+
+def _guard(branch) -> str | None:
+    """What the `if` choosing the fallback tests when it is only a guard (KA102's kinds):
+    "device", "dtype" or "emptiness"; None for sizes, flags and anything else."""
+    condition = branch.child_by_field_name("condition")
+    text = (condition.text or b"").decode("utf-8", "replace").strip() if condition else ""
+    text = text.removeprefix("(").removesuffix(")").strip()
+    parts = [part.strip() for part in re.split(r"&&|\|\|", text)]
+    kinds = {"device" if _DEVICE.search(part) else "dtype" if _DTYPE.search(part)
+             else "emptiness" if _EMPTY.match(part.lstrip("!")) else None for part in parts}
+    return None if None in kinds or len(kinds) != 1 else kinds.pop()
+
+
+def _instead_of_kernel(model: SourceModel, call: LibraryCall):
+    """The `if` whose branch holds the call, when that branch returns and launches nothing, in a
+    host function that launches a kernel on its other paths: `if (n > 1024) return
+    torch::argmin(x, dim);`, `else { return torch::max(x, dim).values; }`; else None."""
     function = call.call.function
     if function is None or function.body is None:
-        return False
+        return None
     graph = KernelGraph.of(model)
     if not _reaches_kernel(graph, function.name):
-        return False
+        return None
     body = _span(function.body)
     child, parent = call.call.node, call.call.node.parent
     while parent is not None and _span(parent) != body:
@@ -127,10 +157,11 @@ def _instead_of_kernel(model: SourceModel, call: LibraryCall) -> bool:
                     and top.parent.parent is not None and top.parent.parent.type == "if_statement":
                 top = top.parent.parent
             before = (body[0], top.start_byte)  # type: ignore[index]
-            return _returns(child) and not _launches(model, graph, _span(child)) \
+            taken = _returns(child) and not _launches(model, graph, _span(child)) \
                 and not _launches(model, graph, before)
+            return parent if taken else None
         child, parent = parent, parent.parent
-    return False
+    return None
 
 
 def _span(node) -> tuple[int, int] | None:

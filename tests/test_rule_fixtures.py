@@ -93,3 +93,9 @@ def test_a_fallback_behind_a_guard_no_benchmark_input_takes_is_a_warning():
                       "bad_device_early_return": Level.WARNING,
                       "bad_elif_dtype_layernorm": Level.WARNING,
                       "bad_empty_input_guard": Level.WARNING}
+    # the same in an extension's C++ (KA106): `if (!x.is_cuda())` against `if (cols > 1024)`
+    cpp = {name: {f.level for f in scan_paths([str(RULE_FIXTURES / "KA106" / f"{name}.py")],
+                                              Config()).findings if f.rule == "KA106"}
+           for name in ("bad_device_guarded_cpu_path", "bad_size_gated_aten_fallback")}
+    assert cpp == {"bad_device_guarded_cpu_path": {Level.WARNING},
+                   "bad_size_gated_aten_fallback": {Level.ERROR}}
