@@ -5,7 +5,10 @@
   as `tests/test_dynamic.py` judges them on CUDA (the CPU C++ extensions left out, KD500 only
   on a CPU run): how many are as marked, and each that is not;
 - every other scan stream (`*.jsonl`): verdicts and statuses, the claimed against the verified
-  speedups, and the median seconds per kind of job (`job_seconds`: where an audit's time goes).
+  speedups, and the median seconds per kind of job (`job_seconds`: where an audit's time goes);
+- the figures of `bench/problems_speed.py` (`problems_l1.json`: kaudit against the naive check,
+  runs again alone, waits for the GPU, why each problem that did not run whole failed) and of
+  `bench/dynamic_overhead.py` (`overhead_*.json`: totals).
 
     python bench/gpu_report.py RES_DIR_OR_TGZ [--device cuda|cpu] [--top N]
 """
@@ -98,6 +101,31 @@ def scan(path: Path, top: int) -> list[str]:
     return out
 
 
+def figures(folder: Path) -> list[str]:
+    out = []
+    for path in sorted(folder.glob("problems*.json")):
+        data = json.loads(path.read_text())
+        audit = data["kaudit"]
+        out += [f"\n## {path.name}: {data['problems']} problems on {data['device']}, -j "
+                f"{data['jobs']}: kaudit {audit['seconds']:.1f} s, naive check "
+                f"{data['naive']['seconds']:.1f} s ({data['ratio']:.1f}x); {audit['statuses']}; "
+                f"run again alone {audit.get('retried_alone', '-')}; GPU waits "
+                f"{audit.get('gpu_wait_s', '-')} s (summed)"]
+        out += [f"- {p['problem']} {p['status']}: {'; '.join(p['why'])[:240]}"
+                for p in audit.get("not_ok", [])]
+    for path in sorted(folder.glob("overhead*.json")):
+        data = json.loads(path.read_text())
+        total = data.get("total") or {}
+        out.append(f"\n## {path.name}: timing {data['timing']}, sandbox {data['sandbox']}: "
+                   + ", ".join(f"{key} {value:.2f}" for key, value in total.items()
+                               if isinstance(value, (int, float))))
+        out += [f"- {case['case']}: " + (case["error"][:200] if "error" in case else
+                                         f"audit {case['audit_s']:.2f} s, plain excl. compile "
+                                         f"{case['plain_excl_compile_s']:.2f} s")
+                for case in data["cases"]]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="the res/ folder, or res.tgz")
@@ -114,6 +142,7 @@ def main() -> int:
         for path in sorted(folder.glob("*.jsonl")):
             if path.name not in FIXTURE_STREAMS:
                 report += [""] + scan(path, args.top)
+        report += figures(folder)
     print("\n".join(report))
     return 0
 
