@@ -53,3 +53,9 @@ def exclusive_alternatives(body: Sequence[ast.stmt]
 def _leaves(body: Sequence[ast.stmt]) -> bool:
     """True when a block always leaves the function (its last statement returns or raises)."""
     return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise))
+
+
+def guard_note(kind: str) -> str:
+    """What a fallback finding adds when its branch is only a guard on the input's `kind`
+    (device, dtype, emptiness) and so is a warning (KA102, KA106)."""
+    return f" (a guard on the input's {kind}, which a benchmark's inputs do not take: a warning)"

@@ -438,15 +438,14 @@ class ForwardAnalysis:
             return self._tensor_names[key]
         # a parameter rebound to itself (`x = x.contiguous()`) keeps the parameter's answer; any
         # other cycle (`y = y * 2` with nothing else) decides nothing
+        values = [v for v in self.callees.local_values(function).get(name.id, [])
+                  if isinstance(v, ast.expr)]
+        # `start = start.item()`: a number from there on, not surely a tensor
         result = _is_tensor_parameter(function, name.id, function is self.forward,
-                                      is_method=self.model_new is not None)
-        if result and any(_is_scalar(value) for value in
-                          self.callees.local_values(function).get(name.id, [])):
-            result = False  # `start = start.item()`: a number from there on, not surely a tensor
+                                      is_method=self.model_new is not None) \
+            and not any(_is_scalar(value) for value in values)
         self._tensor_names[key] = result
         if not result:
-            values = [v for v in self.callees.local_values(function).get(name.id, [])
-                      if isinstance(v, ast.expr)]
             result = any(self.is_tensor(value, cls, function, depth + 1) for value in values)
         self._tensor_names[key] = result
         return result

@@ -86,12 +86,15 @@ class Rule:
         return cls.fix is not Rule.fix
 
     def report(self, model: SourceModel, where: ast.AST | Location, message: str,
-               **metrics: object) -> Finding:
+               level: Level | None = None, **metrics: object) -> Finding:
+        """A finding at `where`; `level`: this one's, when it differs from the rule's."""
         location = where if isinstance(where, Location) else model.location(where)
-        return self.finding(location, message, **metrics)
+        return self.finding(location, message, level, **metrics)
 
-    def finding(self, location: Location, message: str, **metrics: object) -> Finding:
-        return Finding(self.code, self.name, self.level, location, message, metrics=dict(metrics))
+    def finding(self, location: Location, message: str, level: Level | None = None,
+                **metrics: object) -> Finding:
+        return Finding(self.code, self.name, level or self.level, location, message,
+                       metrics=dict(metrics))
 
     @classmethod
     def docs(cls) -> RuleDocs:

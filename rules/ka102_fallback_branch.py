@@ -1,8 +1,7 @@
 import ast
-import dataclasses
 from collections.abc import Iterable
 
-from kaudit.branches import exclusive_alternatives
+from kaudit.branches import exclusive_alternatives, guard_note
 from kaudit.findings import Finding, Level, Precision
 from kaudit.forward import REFERENCE_KINDS, ForwardAnalysis, OpKind, walk_code
 from kaudit.rule import Rule
@@ -84,14 +83,12 @@ class FallbackBranch(Rule):
                         which = "holds" if fallback == 0 else "fails"
                         where = model.header_location(node) if isinstance(node, ast.If) else node
                         guard = _guard(node)
-                        finding = self.report(
+                        yield self.report(
                             model, where,
                             f"when this condition {which}, the reference runs instead of the "
                             f"custom kernel: {ops[0].description} (line {model.line_of(ops[0].node)})"
-                            + (f" (a guard on the input's {guard}, which a benchmark's inputs do "
-                               "not take: a warning)" if guard else ""))
-                        yield dataclasses.replace(finding, level=Level.WARNING) if guard \
-                            else finding
+                            + (guard_note(guard) if guard else ""),
+                            level=Level.WARNING if guard else None)
                         break
 
 

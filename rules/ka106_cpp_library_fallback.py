@@ -1,7 +1,7 @@
-import dataclasses
 import re
 from collections.abc import Iterable
 
+from kaudit.branches import guard_note
 from kaudit.cpp import CppIndex
 from kaudit.cpp_library import LibraryCall, library_calls
 from kaudit.custom_work import CustomWork
@@ -95,13 +95,10 @@ class CppLibraryFallback(Rule):
             if id(call) not in reasons:
                 continue
             guard = guards.get(id(call))
-            finding = self.report(model, call.call.unit.location(call.call.node),
-                                  f"{call.place} computes with {call.evidence} instead of a "
-                                  f"custom kernel{reasons[id(call)]}"
-                                  + (f" (a guard on the input's {guard}, which a benchmark's "
-                                     "inputs do not take: a warning)" if guard else ""),
-                                  category=call.category)
-            yield dataclasses.replace(finding, level=Level.WARNING) if guard else finding
+            yield self.report(model, call.call.unit.location(call.call.node),
+                              f"{call.place} computes with {call.evidence} instead of a custom "
+                              f"kernel{reasons[id(call)]}" + (guard_note(guard) if guard else ""),
+                              level=Level.WARNING if guard else None, category=call.category)
 
 
 def _running(model: SourceModel, calls: list[LibraryCall]) -> list[LibraryCall]:

@@ -159,10 +159,10 @@ def forget_measurements() -> None:
         _measured = None
 
 
-def job_fraction(claim: GpuClaim, exclusive: bool = False) -> float:
-    """A job's cap: its share (GPU_MEMORY_SHARE alone on the GPU), or less when less is free."""
-    share = GPU_MEMORY_SHARE if exclusive else claim.share
-    memory = gpu_memory(claim.device)
+def job_fraction(device: str, share: float) -> float:
+    """A job's cap on GPU `device`: `share` (GPU_MEMORY_SHARE alone on it), or less when less is
+    free."""
+    memory = gpu_memory(device)
     if memory is None or memory.total <= 0:
         return share
     free_share = GPU_MEMORY_SHARE * memory.free / memory.total
@@ -308,8 +308,8 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
 
     def capped(share: float | None) -> Any:  # share None: alone on the GPU
         alone = share is None
-        args = {**job.args, "gpu_memory_fraction": job_fraction(claim, alone) if alone
-                else job_fraction(dataclasses.replace(claim, share=share)),
+        args = {**job.args,
+                "gpu_memory_fraction": job_fraction(claim.device, share or GPU_MEMORY_SHARE),
                 # a run that will be repeated with more memory may stop at its first shortage
                 "gpu_last_try": alone}
         if "schedule_seed" in args and share != claim.share:

@@ -61,10 +61,9 @@ class Adder:
         leaves none of the reference's signal)."""
         rule = rule_by_code(code)
         assert rule is not None, code
-        finding = rule().finding(self.where, message,
+        finding = rule().finding(self.where, message, level,
                                  **{k: v for k, v in metrics.items() if v is not None})
-        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic",
-                                                     level=level or finding.level))
+        self.run.findings.append(dataclasses.replace(finding, pass_="dynamic"))
 
 
 def failure_metrics(result: RunResult) -> dict[str, Any]:
@@ -101,10 +100,10 @@ NO_TRITON_DRIVER = "0 active drivers"
 
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
           scaled_refs: list[dict], options: Any,
-          reference_mutates: dict[str, list] | None = None,
+          reference_left: dict[str, list] | None = None,
           interpreted: bool = False) -> list | None:
     """The findings of the candidate job; returns its first call's outputs when it could judge
-    them (for `second_opinion`). `reference_mutates`: None, or what the problem's own forward
+    them (for `second_opinion`). `reference_left`: None, or what the problem's own forward
     left in the input sets it modified (KD402 is then a warning, and none for an input left as
     the reference leaves it). `interpreted`: it ran under Triton's
     CPU interpreter, where a kernel that needs a GPU driver fails through no fault of its own."""
@@ -186,8 +185,8 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     if correct and not stale:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
-        _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"),
-                  reference_mutates, options.tolerance, mutated["inputs"])
+        _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"), reference_left,
+                  options.tolerance, mutated["inputs"])
     return plain_a
 
 
@@ -574,21 +573,19 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
     return False
 
 
-def _mutation(add: Adder, before: list, after: list, call: int | None = None,
-              reference_mutates: dict[str, list] | None = None,
-              tolerance: Tolerance | None = None, kind: str = "a") -> None:
+def _mutation(add: Adder, before: list, after: list, call: int | None,
+              reference_left: dict[str, list] | None, tolerance: Tolerance, kind: str) -> None:
     """KD402, from the inputs of the first call that changed them (compared here, again): an
     error, a warning when the reference problem modifies its inputs too. An input the kernel
     leaves as the reference leaves it (an `out=` buffer, within the tolerance) is an output."""
     when = f" (call {call})" if call else ""
-    level = Level.WARNING if reference_mutates is not None else None
-    also = "; the reference problem modifies its inputs too" \
-        if reference_mutates is not None else ""
-    expected = (reference_mutates or {}).get(kind)
+    level = Level.WARNING if reference_left is not None else None
+    also = "; the reference problem modifies its inputs too" if reference_left is not None else ""
+    expected = (reference_left or {}).get(kind)
     for index, (old, new) in enumerate(zip(before, after)):
         if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
             continue
-        if expected is not None and tolerance is not None and index < len(expected) and \
+        if expected is not None and index < len(expected) and \
                 _left_as_the_reference_leaves_it(expected[index], new, tolerance):
             continue
         if old.shape != new.shape or old.dtype != new.dtype:

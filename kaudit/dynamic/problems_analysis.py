@@ -38,7 +38,7 @@ class Finder:
 def analyse(result: RunResult, display: str, line: int, options: Options,
             end_column: int = 1, memory_limit: int | None = None) -> ProblemResult:
     """`memory_limit`: the job's cap, named when it ran out of memory."""
-    problem = ProblemResult(display, line, max(1, end_column), wall_s=result.wall_s,
+    problem = ProblemResult(display, line, max(1, end_column),
                             retried_alone_on_gpu=result.retried_alone,
                             gpu_wait_s=result.gpu_wait_s)
     report = Finder(problem)

@@ -114,6 +114,18 @@ def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, watched: list, 
     return measured
 
 
+def _timed_trial_fails(reference: list, outputs: list, passed: list, tolerance: Any) -> str | None:
+    """What a timed trial's outputs fail of what the watched outputs passed, or None."""
+    if len(outputs) != len(reference) or any(
+            o.shape != r.shape or o.dtype != r.dtype for r, o in zip(reference, outputs)):
+        return "its outputs' layout differs from the reference's"
+    for index, (r, o) in enumerate(zip(reference, outputs)):
+        problem = fails_again(r, o, passed[index], tolerance, output_name(index, reference))
+        if problem:
+            return problem
+    return None
+
+
 def _witness(run_metrics: dict) -> Witness | None:
     try:
         return Witness()
@@ -136,14 +148,7 @@ def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: di
             add("KD406", f"only right when watched: the timing run's outputs are unusable: {exc}",
                 reason="timing")
             return True
-        if len(outputs) != len(reference) or any(
-                o.shape != r.shape or o.dtype != r.dtype for r, o in zip(reference, outputs)):
-            wrong = "its outputs' layout differs from the reference's"
-        else:
-            wrong = next((problem for index, (r, o) in enumerate(zip(reference, outputs))
-                          for problem in [fails_again(r, o, passed[index], tolerance,
-                                                      output_name(index, reference))]
-                          if problem), None)
+        wrong = _timed_trial_fails(reference, outputs, passed, tolerance)
         if wrong:
             add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
                 f"but in the timing run (no poisoning, the reference timed beside it) trial "
@@ -247,11 +252,11 @@ def check_claims(items: Iterable[WorkItem], runs: Iterable[KernelRun],
         run = measured.get(item.display)
         if run is None:
             continue
-        claimed = (timings or BaselineTimings()).speedup(item.submission or Submission("plain"))
+        submission = item.submission or Submission("plain")
+        claimed = (timings or BaselineTimings()).speedup(submission)
         if claimed is None:
             continue
         text = item.text if item.text is not None else \
             Path(item.file).read_text(encoding="utf-8", errors="replace")
-        claim = (item.submission or Submission("plain")).claim
         speedup_findings(Adder(run, forward_location(item.display, text)), claimed,
-                         run.metrics["measured"], tolerance, claim.runtime_ms)
+                         run.metrics["measured"], tolerance, submission.claim.runtime_ms)
