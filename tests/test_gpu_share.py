@@ -127,9 +127,12 @@ def test_an_exclusive_lock_in_another_process_blocks_a_shared_one(tmp_path):
 def test_shared_locks_coexist_and_block_an_exclusive_one(tmp_path):
     process, release = hold_in_other_process(tmp_path, "shared")
     shared, got_shared, done_shared = acquire_in_thread(exclusive=False)
-    exclusive, got_exclusive, done_exclusive = acquire_in_thread(exclusive=True)
+    exclusive = None
     try:
+        # asked only once the shared lock is held: an exclusive request first at the gate would
+        # (rightly) keep the shared one waiting behind it
         assert got_shared.wait(30), "two shared locks (two processes) hold the GPU together"
+        exclusive, got_exclusive, done_exclusive = acquire_in_thread(exclusive=True)
         assert not got_exclusive.wait(0.5)
         done_shared.set()
         shared.join(30)
@@ -139,8 +142,9 @@ def test_shared_locks_coexist_and_block_an_exclusive_one(tmp_path):
     finally:
         release.touch()
         done_shared.set()
-        done_exclusive.set()
-        exclusive.join(30)
+        if exclusive is not None:
+            done_exclusive.set()
+            exclusive.join(30)
         process.wait(30)
 
 
