@@ -17,10 +17,11 @@ For each case (a folder with problem.py and kernel.py) it times, compilation lef
 
     python bench/dynamic_overhead.py [--device cpu|cuda] [--cases NAME_OR_DIR ...] [--repeat N]
                                      [--sandbox both|on|off] [--json PATH]
-                                     [--timing off|on|kernelbench]
+                                     [--timing off|on|kernelbench|both]
 
 `--timing on` (or `kernelbench`) adds the timing job of verified speedups to every audit (default
-off, so the figures stay those of the checks; run both to see what timing adds).
+off, so the figures stay those of the checks); `--timing both` audits with timing off and on,
+interleaved, sandboxed where the sandbox works: what timing adds is the ratio of the two.
 
 Default cases: the good_* folders of fixtures/dynamic/ and bench/fixtures/ that can run on the
 device. The target is audit / plain-excluding-compile <= 2 on the GPU.
@@ -154,53 +155,72 @@ def audit(folder: Path, options: DynamicOptions, device: str) -> dict:
     return {"wall_s": wall, "findings": sorted(f.rule for f in run.findings)}
 
 
+#: what a two-variant run compares: the first variant's figure's name, and the ratio's
+COMPARED = {"sandbox": ("unsandboxed_s", "sandbox_ratio"), "timing": ("untimed_s", "timing_ratio")}
+
+
 def measure(folder: Path, device: str, repeat: int, extensions_dir: str,
-            modes: list[str], timing: str = "off") -> dict:
-    """`modes`: the sandbox modes audited ("off", "on"); the last is the audit reported."""
-    options = DynamicOptions(resolve(TOLERANCE, None, None), device=device, timeout=TIMEOUT_S,
-                             extensions_dir=extensions_dir, timing=TimingSettings(timing))
-    audit(folder, options, device)  # warms the extension and Triton caches
-    plains, audits = [], {mode: [] for mode in modes}
+            variants: list[tuple[str, str]]) -> dict:
+    """`variants`: the (sandbox mode, timing) pairs audited; the last is the audit reported, and
+    with two, the ratio of the last to the first is what the one that differs adds."""
+    options = {variant: DynamicOptions(resolve(TOLERANCE, None, None), device=device,
+                                       timeout=TIMEOUT_S, extensions_dir=extensions_dir,
+                                       timing=TimingSettings(variant[1]))
+               for variant in variants}
+    sandbox.set_mode(variants[-1][0])
+    audit(folder, options[variants[-1]], device)  # warms the extension and Triton caches
+    plains, audits = [], {variant: [] for variant in variants}
     for _ in range(repeat):  # interleaved, so drift hits all alike
         plains.append(plain_check(folder, device))
-        for mode in modes:
-            sandbox.set_mode(mode)
-            audits[mode].append(audit(folder, options, device))
+        for variant in variants:
+            sandbox.set_mode(variant[0])
+            audits[variant].append(audit(folder, options[variant], device))
     plain = {key: statistics.median(p[key] for p in plains)
              for key in ("wall_s", "compile_s", "excl_compile_s")}
-    seconds = {mode: statistics.median(a["wall_s"] for a in runs) for mode, runs in audits.items()}
-    audit_s = seconds[modes[-1]]
+    seconds = {variant: statistics.median(a["wall_s"] for a in runs)
+               for variant, runs in audits.items()}
+    audit_s = seconds[variants[-1]]
     figures = {**{f"plain_{k}": v for k, v in plain.items()}, "audit_s": audit_s,
                "ratio": audit_s / plain["excl_compile_s"],
                "plain_passed": min(p["passed"] for p in plains),
-               "plain_trials": plains[0]["trials"], "audit_findings": audits[modes[-1]][0]["findings"],
-               "samples": {"plain": plains, **{f"audit_{m}_s": [a["wall_s"] for a in runs]
-                                               for m, runs in audits.items()}}}
-    if len(modes) == 2:
-        figures.update(unsandboxed_s=seconds["off"], sandbox_ratio=seconds["on"] / seconds["off"])
+               "plain_trials": plains[0]["trials"],
+               "audit_findings": audits[variants[-1]][0]["findings"],
+               "samples": {"plain": plains,
+                           **{f"audit_sandbox_{s}_timing_{t}_s": [a["wall_s"] for a in runs]
+                              for (s, t), runs in audits.items()}}}
+    if len(variants) == 2:
+        first_s, ratio = COMPARED["sandbox" if variants[0][0] != variants[1][0] else "timing"]
+        figures.update({first_s: seconds[variants[0]], ratio: audit_s / seconds[variants[0]]})
     return figures
+
+
+def compared(results: list[dict]) -> tuple[str, str] | None:
+    """The (first variant's figure, ratio) keys of a two-variant run, None for one variant."""
+    return next((keys for keys in COMPARED.values() if any(keys[0] in r for r in results)), None)
 
 
 def totals(results: list[dict]) -> dict:
     """Sums over the cases that ran, and the ratios of the sums (None when none ran)."""
     done = [r for r in results if "error" not in r]
     keys = ["plain_wall_s", "plain_compile_s", "plain_excl_compile_s", "audit_s"]
-    if done and all("unsandboxed_s" in r for r in done):
-        keys.append("unsandboxed_s")
+    pair = compared(done)
+    if pair and all(pair[0] in r for r in done):
+        keys.append(pair[0])
     sums = {key: sum(r[key] for r in done) for key in keys}
     found = {**sums, "ratio": sums["audit_s"] / sums["plain_excl_compile_s"] if done else None}
-    if "unsandboxed_s" in sums:
-        found["sandbox_ratio"] = sums["audit_s"] / sums["unsandboxed_s"]
+    if pair and pair[0] in sums:
+        found[pair[1]] = sums["audit_s"] / sums[pair[0]]
     return found
 
 
 def table(results: list[dict]) -> str:
-    both = any("unsandboxed_s" in r for r in results)
+    pair = compared(results)
+    first = {"unsandboxed_s": ("audit, no sandbox (s)", "audit, sandbox (s)", "sandbox x"),
+             "untimed_s": ("audit, timing off (s)", "audit, timing on (s)", "timing x")}
     header = ("case", "plain (s)", "compile (s)", "plain-compile (s)",
-              *(("audit, no sandbox (s)", "audit, sandbox (s)", "sandbox x") if both
-                else ("audit (s)",)), "ratio")
+              *(first[pair[0]] if pair else ("audit (s)",)), "ratio")
     keys = ["plain_wall_s", "plain_compile_s", "plain_excl_compile_s",
-            *(("unsandboxed_s", "audit_s", "sandbox_ratio") if both else ("audit_s",))]
+            *((pair[0], "audit_s", pair[1]) if pair else ("audit_s",))]
     rows = []
     for r in results:
         if "error" in r:
@@ -231,31 +251,41 @@ def main() -> int:
                         help="audit without and with the OS sandbox (default: both where it "
                              "works, else off)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also save the figures here")
-    parser.add_argument("--timing", choices=("off", "on", "kernelbench"), default="off",
-                        help="also time each kernel beside its reference (verified speedups)")
+    parser.add_argument("--timing", choices=("off", "on", "kernelbench", "both"), default="off",
+                        help="also time each kernel beside its reference (verified speedups); "
+                             "both: audit with timing off and on, sandboxed where it works")
     args = parser.parse_args()
     device = resolve_device(args.device or "auto")
     repeat = max(1, args.repeat)
     cases = find_cases(args.cases, device)
-    chosen = args.sandbox or ("both" if sandbox.available() is None else "off")
-    modes = ["off", "on"] if chosen == "both" else [chosen]
+    works = "on" if sandbox.available() is None else "off"
+    chosen = args.sandbox or ("both" if works == "on" and args.timing != "both" else works)
+    if chosen == "both" and args.timing == "both":
+        raise SystemExit("--sandbox both and --timing both: compare one thing at a time")
+    sandboxes = ["off", "on"] if chosen == "both" else [chosen]
+    timings = ["off", "on"] if args.timing == "both" else [args.timing]
+    variants = [(s, t) for s in sandboxes for t in timings]
     results = []
+
+    def save() -> None:  # after every case: a run cut short keeps the cases it finished
+        if args.json:
+            args.json.write_text(json.dumps({"device": device, "repeat": repeat,
+                                             "sandbox": chosen, "timing": args.timing,
+                                             "cases": results, "total": totals(results)},
+                                            indent=2) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="kaudit-bench-extensions-") as extensions_dir:
         for folder in cases:
             print(f"{folder.name} ...", file=sys.stderr, flush=True)
             try:
-                figures = measure(folder, device, repeat, extensions_dir, modes, args.timing)
+                figures = measure(folder, device, repeat, extensions_dir, variants)
             except Exception as exc:  # noqa: BLE001 -- one broken case must not stop the others
                 figures = {"error": f"{type(exc).__name__}: {exc}"}
             results.append({"case": folder.name, **figures})
+            save()
     print(f"device {device}, repeat {repeat}, sandbox {chosen}, timing {args.timing}, median "
           "seconds, compile excluded")
     print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps({"device": device, "repeat": repeat, "sandbox": chosen,
-                                         "timing": args.timing,
-                                         "cases": results, "total": totals(results)},
-                                        indent=2) + "\n")
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -55,11 +55,10 @@ check() {
               good_pytorch_linear --repeat 3 --json "$R/spread.json" ;;
     overhead) check overhead_off && check overhead_on ;;
     overhead_off|overhead_on)  # what the sandbox adds (timing off), and what the timing and
-      # profile runs add (timing on, sandboxed): the three cases in the same command each
-      local timing=${1#overhead_}
+      # profile runs add (timing off and on, sandboxed): the three cases in the same command each
+      local vary="--timing off --sandbox both"; [ $1 = overhead_on ] && vary="--timing both --sandbox on"
       python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
-        good_pytorch_linear good_gelu_cuda --repeat 1 --timing $timing \
-        --sandbox $([ $timing = off ] && echo both || echo on) --json "$R/overhead_$timing.json" ;;
+        good_pytorch_linear good_gelu_cuda --repeat 1 $vary --json "$R/$1.json" ;;
     problems) python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs 8 \
                 --limit-s 240 --json "$R/problems_l1.json" ;;
     corpus|corpus_cold|corpus_warm)  # cold and warm split over two commands share .kwork/corpus

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -102,7 +103,10 @@ def main() -> int:
     args = parser.parse_args()
     files = sorted(args.folder.glob("*.py"), key=lambda p: (len(p.name.split("_")[0]), p.name))
     files = files[:args.limit] if args.limit else files
-    naive = naive_check(files, args.device)
+    # in a process of its own: torch's caching allocator keeps what the largest problem took,
+    # and a GPU held by this process would leave kaudit's jobs short of memory
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        naive = pool.apply(naive_check, (files, args.device))
     print(f"naive check: {naive['seconds']:.1f} s", flush=True)
     audit = kaudit_problems(args.device, args.jobs, files, args.limit_s)
     figures = {"problems": len(files), "device": args.device, "jobs": args.jobs,
