@@ -11,7 +11,7 @@
 # Checks: adversarial, fixtures, gputests, timing (spread, then overhead: overhead_off and
 # overhead_on), problems (KernelBench level 1 beside the naive check), corpus (80 real kernels cold,
 # warm, resumed; corpus_cold and corpus_warm split it), gpu_share, kbx, kbx_timed, kbx_quant,
-# cudal1, cudal1_full (all of one GPU file, resumed over commands), real8, fk. Corpora are read
+# cudal1, cudal1_full (one GPU file, resumed over commands and sessions), real8, fk. Corpora are read
 # from .corpora/ (bench/corpora.sh makes it from clones of the public repositories; keep it out of
 # git with .git/info/exclude); on a machine without kaudit's dependencies, wheels in .whl/ are
 # installed first. DEV=cpu runs the same checks on the CPU (to try the script).
@@ -79,10 +79,19 @@ check() {
     kbx_quant) python3 -m kaudit problems .corpora/kbx/data/kernelbenchx/Quantization \
                  --device $DEV --seeds 2 -f json --fail-on never -o "$R/kbx_quant.json" ;;
     cudal1) scan cudal1 .corpora/cudal1/h100_sub.json -j 8 ;;
-    cudal1_full)  # all of h100_xsm.json (249 kernels): longer than one command, so its result
-      # and build caches sit in .kwork (kept on a warm machine) and the next command resumes
+    cudal1_full)  # h100_xsm.json (249 kernels) but the tasks an earlier session audited
+      # (bench/results/cudal1_h100_xsm.jsonl): longer than one command, so its result and build
+      # caches sit in .kwork (kept on a warm machine) and the next command resumes
+      python3 - .corpora/cudal1/h100_xsm.json bench/results/cudal1_h100_xsm.jsonl <<'PY'
+import json, sys
+entries, done = sys.argv[1:]
+done = {(str(r["level"]), r["task_id"]) for r in map(json.loads, open(done))}
+rest = {level: [e for e in tasks if (level, e["task_id"]) not in done]
+        for level, tasks in json.load(open(entries)).items()}
+json.dump(rest, open(".corpora/cudal1/h100_rest.json", "w"), indent=1)
+PY
       XDG_CACHE_HOME=$PWD/.kwork/xdg python3 -m kaudit scan --dynamic --device $DEV \
-        --fail-on never -f json .corpora/cudal1/h100_xsm.json -j 14 \
+        --fail-on never -f json .corpora/cudal1/h100_rest.json -j 14 \
         --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
         --stream "$R/cudal1_full.jsonl" -o "$R/cudal1_full.json" ;;
     real8) scan real8 .corpora/real8 --problems .corpora/kb -j 4 \

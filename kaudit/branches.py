@@ -55,7 +55,16 @@ def _leaves(body: Sequence[ast.stmt]) -> bool:
     return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise))
 
 
+#: guards on what the benchmark's problem fixes (KA102), as the note names them
+_FIXED_BY_PROBLEM = {"rank": "the input's rank", "axis": "the axis the kernel reduces over"}
+
+
 def guard_note(kind: str) -> str:
-    """What a fallback finding adds when its branch is only a guard on the input's `kind`
-    (device, dtype, emptiness) and so is a warning (KA102, KA106)."""
+    """What a fallback finding adds when its branch is only a guard, on the input's `kind`
+    (device, dtype, emptiness: what a benchmark's inputs never are) or on what the benchmark's
+    problem fixes (rank, axis), and so is a warning (KA102, KA106)."""
+    if kind in _FIXED_BY_PROBLEM:
+        return (f" (a guard on {_FIXED_BY_PROBLEM[kind]}, which the benchmark's problem fixes: "
+                "whether its inputs take this branch is the dynamic pass's to show, KD601 and "
+                "KD602; a warning)")
     return f" (a guard on the input's {kind}, which a benchmark's inputs do not take: a warning)"

@@ -27,8 +27,12 @@ class FallbackBranch(Rule):
     A branch taken only for inputs a benchmark does not give is a warning, not an error: a guard
     on the device (`if not x.is_cuda:`, `x.device.type == "cpu"`), on the dtype (the `else` of
     `if x.dtype == torch.float32:`), or on an empty input (`x.numel() == 0`, `len(dim) == 0`).
-    The dynamic pass shows whether the kernel ran on the benchmark's inputs (KD601, KD602); a
-    condition on sizes (`if n < 32:`) stays an error, since the benchmark's sizes may take it.
+    So is one that only pins the input's rank (`len(x.shape) == 3`, `x.dim() == 3`) or the axis
+    the kernel reduces over (`dim == 1`, `self.dim == 1`), where the kernel does the problem's
+    work and PyTorch covers the other ranks and axes a general module accepts: the benchmark's
+    problem fixes both. The dynamic pass shows whether the kernel ran on the benchmark's inputs
+    (KD601, KD602); a condition on sizes (`if n < 32:`) stays an error, since the benchmark's sizes
+    may take it.
 
     ## Why is this bad?
     The custom kernel may fail to build, raise, or be skipped for the benchmark's device, dtype
@@ -129,12 +133,14 @@ def _enclosing(body: list[ast.stmt], handler: ast.ExceptHandler,
 
 _DEVICE_ATTRIBUTES = frozenset({"is_cuda", "is_cpu", "device", "is_available"})
 _EMPTY_PROBES = frozenset({"numel", "nelement", "dim", "ndimension", "ndim", "len"})
+_RANK_METHODS = frozenset({"dim", "ndimension"})
+_AXES = frozenset({"dim", "axis"})
 
 
 def _guard(node: ast.AST) -> str | None:
-    """What the branch's condition tests when it is only a guard: "device", "dtype" or
-    "emptiness" (every part of an `and`/`or`); None when any part tests something else (sizes,
-    flags, values)."""
+    """What the branch's condition tests when it is only a guard: "device", "dtype",
+    "emptiness", "rank" or "axis" (every part of an `and`/`or`); None when any part tests
+    something else (sizes, flags, values)."""
     test = getattr(node, "test", None)
     return None if test is None else _guard_kind(test)
 
@@ -155,6 +161,39 @@ def _guard_kind(test: ast.AST) -> str | None:
             isinstance(test.comparators[-1], ast.Constant) and test.comparators[-1].value == 0 \
             and isinstance(test.ops[-1], (ast.Eq, ast.LtE)):
         return "emptiness"
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and \
+            isinstance(test.ops[0], (ast.Eq, ast.NotEq)) and \
+            isinstance(test.comparators[0], ast.Constant) and \
+            type(test.comparators[0].value) is int:
+        if _is_rank(test.left):
+            return "rank"
+        if _axis_name(test.left) in _AXES:
+            return "axis"
+    return None
+
+
+def _is_rank(node: ast.AST) -> bool:
+    """`len(x.shape)`, `len(x.size())`, `x.dim()`, `x.ndimension()`, `x.ndim`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "ndim"
+    if not isinstance(node, ast.Call):
+        return False
+    if isinstance(node.func, ast.Attribute):
+        return node.func.attr in _RANK_METHODS and not node.args
+    if isinstance(node.func, ast.Name) and node.func.id == "len" and len(node.args) == 1:
+        inner = node.args[0]
+        inner = inner.func if isinstance(inner, ast.Call) and not inner.args else inner
+        return isinstance(inner, ast.Attribute) and inner.attr in ("shape", "size")
+    return False
+
+
+def _axis_name(node: ast.AST) -> str | None:
+    """`dim` of `dim == 1`, or of `self.dim == 1`."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+            node.value.id == "self":
+        return node.attr
     return None
 
 

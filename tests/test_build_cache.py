@@ -101,3 +101,56 @@ def test_jobs_compile_with_every_core(tmp_path, monkeypatch):
     assert run.status == "ok"
     candidate = [env for target, env in envs if target == kernels.CANDIDATE_TARGET]
     assert candidate and candidate[0]["MAX_JOBS"] == str(os.cpu_count())
+
+
+BROKEN_BUILD_JOB = '''
+import os
+
+def build(args, out_dir):
+    os.environ["CXX"] = args["compiler"]  # counts its compile steps, and fails them
+    from torch.utils.cpp_extension import load_inline
+    try:
+        load_inline(name="broken", cpp_sources=args["source"], functions=["f"],
+                    build_directory=args["folder"])
+    except RuntimeError as exc:
+        return str(exc)
+    return "built"
+'''
+
+
+def test_a_failed_build_fails_again_in_the_next_job_without_compiling(tmp_path):
+    """A kernel whose extension does not compile (and falls back) compiled again in each of its
+    jobs: a minute of CPU each on the GPU host."""
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import sandbox
+    from kaudit.dynamic.harness.failed_builds import FAILED
+    from kaudit.dynamic.runner import Job, run_job
+
+    jobs, compiles = tmp_path / "jobs.py", tmp_path / "compiles"
+    jobs.write_text(BROKEN_BUILD_JOB)
+    compiler = tmp_path / "cxx"
+    compiler.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) echo x >> {compiles}; exit 1;; esac\n'
+                        'exec c++ "$@"\n')  # what torch asks besides compiling
+    compiler.chmod(0o755)
+    folder = tmp_path / "build"
+    folder.mkdir()
+
+    def attempt(source: str) -> str:
+        job = Job(f"{jobs}:build", timeout=120, writable=[str(tmp_path)],
+                  args={"compiler": str(compiler), "folder": str(folder), "source": source})
+        with run_job(job) as result:
+            assert result.ok, result.describe()
+            return result.value
+
+    def compiled() -> int:
+        return len(compiles.read_text().split()) if compiles.exists() else 0
+
+    sandbox.set_mode("off")
+    try:
+        first = attempt("int f();")
+        assert first != "built" and compiled() == 1 and (folder / FAILED).is_file()
+        assert attempt("int f();") == first and compiled() == 1, "the same build ran again"
+        assert attempt("int f() { return 2; }") != "built" and compiled() == 2, \
+            "another source is built"
+    finally:
+        sandbox.set_mode("auto")

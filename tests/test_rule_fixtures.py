@@ -80,19 +80,21 @@ def test_fixture_folders_name_real_rules():
 
 def test_a_fallback_behind_a_guard_no_benchmark_input_takes_is_a_warning():
     """KA102 rejects a branch the benchmark's inputs may take (a size threshold, a failing
-    build); one for another device, another dtype or an empty input is a warning (the dynamic
-    pass tells whether the kernel ran)."""
+    build); one for another device, another dtype or an empty input, or one that pins the rank or
+    the reduction axis the problem fixes, is a warning (the dynamic pass tells whether the kernel
+    ran)."""
     folder = RULE_FIXTURES / "KA102"
     levels = {}
     for name in ("bad_small_size_dispatch", "bad_try_except_gelu", "bad_device_early_return",
-                 "bad_elif_dtype_layernorm", "bad_empty_input_guard"):
+                 "bad_elif_dtype_layernorm", "bad_empty_input_guard", "bad_rank_and_axis_guard"):
         report = scan_paths([str(folder / f"{name}.py")], Config())
         (finding,) = [f for f in report.findings if f.rule == "KA102"]
         levels[name] = finding.level
     assert levels == {"bad_small_size_dispatch": Level.ERROR, "bad_try_except_gelu": Level.ERROR,
                       "bad_device_early_return": Level.WARNING,
                       "bad_elif_dtype_layernorm": Level.WARNING,
-                      "bad_empty_input_guard": Level.WARNING}
+                      "bad_empty_input_guard": Level.WARNING,
+                      "bad_rank_and_axis_guard": Level.WARNING}
     # the same in an extension's C++ (KA106): `if (!x.is_cuda())` against `if (cols > 1024)`
     cpp = {name: {f.level for f in scan_paths([str(RULE_FIXTURES / "KA106" / f"{name}.py")],
                                               Config()).findings if f.rule == "KA106"}

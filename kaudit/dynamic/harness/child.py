@@ -43,7 +43,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-from . import jail
+from . import failed_builds, jail
 
 _phases: list[str] = ["job"]
 
@@ -422,6 +422,7 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
         jail.drop_privileges()
         faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
         with phase("job-import"):
+            failed_builds.remember_failed_builds()
             function = _resolve(spec["target"])
         with phase("seed"):
             _seed(int(spec.get("seed", 0)))

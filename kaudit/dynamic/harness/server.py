@@ -47,6 +47,7 @@ def serve(root: str) -> NoReturn:
     jail.set_dumpable(False)
     jail.become_subreaper()
     import torch
+    import torch.utils.cpp_extension  # noqa: F401 - every job wraps its build step
 
     for name in PRELOADED:
         importlib.import_module(f"{__package__}.{name}")

@@ -1,0 +1,80 @@
+"""An extension build that failed in one job of a kernel fails again at once in the next.
+
+Every job of a kernel (candidate, plain run, timing, profile) imports it, and a `load_inline`
+whose compile fails (a kernel that then falls back to PyTorch, or raises) compiled again in each:
+on the H200, 55-70 s of CPU a job, four times over, for 12 of the first 40 CUDA-L1 kernels. The
+first failure is written into the build folder (`FAILED`: a digest of what was built and the
+compiler's message), and a later build of the same inputs in that folder raises the same error
+without compiling, so every job of the kernel takes the same path. The kernel may delete or forge
+that file: it can only make its own builds slower or fail, which it can do anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+from typing import Any
+
+FAILED = ".failed-build.json"
+#: the sources of ninja's compile steps (`build main.o: compile /folder/main.cpp`)
+_COMPILED = re.compile(r"^build [^:\n]+: \w*compile (\S+)", re.MULTILINE)
+_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".h", ".hpp", ".cuh")
+
+
+def _digest(folder: str) -> str:
+    """What a build in `folder` is made of: its build.ninja (flags, paths), the sources it
+    compiles and the sources beside it."""
+    with open(os.path.join(folder, "build.ninja"), "rb") as handle:
+        ninja = handle.read()
+    digest = hashlib.sha256(ninja)
+    beside = sorted(os.path.join(folder, name) for name in os.listdir(folder)
+                    if name.endswith(_SOURCE_SUFFIXES))
+    for path in [*_COMPILED.findall(ninja.decode(errors="replace")), *beside]:
+        digest.update(path.encode())
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def _known_failure(folder: str, digest: str) -> str | None:
+    try:
+        with open(os.path.join(folder, FAILED), encoding="utf-8") as handle:
+            known = json.load(handle)
+        return str(known["message"]) if known.get("digest") == digest else None
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def remember_failed_builds() -> None:
+    """Make torch's JIT extension builds remember their failures (see the module's docstring),
+    where torch's extension module is imported already (the fork server imports it once): a job
+    started in a fresh interpreter does not pay for importing torch here, and compiles as before."""
+    cpp_extension = sys.modules.get("torch.utils.cpp_extension")
+    if cpp_extension is None:
+        return
+
+    build = cpp_extension._run_ninja_build
+
+    @functools.wraps(build)
+    def run_ninja_build(build_directory: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            digest = _digest(build_directory)
+        except OSError:
+            return build(build_directory, *args, **kwargs)
+        message = _known_failure(build_directory, digest)
+        if message is not None:
+            raise RuntimeError(message)
+        try:
+            return build(build_directory, *args, **kwargs)
+        except RuntimeError as exc:
+            with contextlib.suppress(OSError), \
+                    open(os.path.join(build_directory, FAILED), "w", encoding="utf-8") as handle:
+                json.dump({"digest": digest, "message": str(exc)[-20000:]}, handle)
+            raise
+
+    cpp_extension._run_ninja_build = run_ninja_build
