@@ -106,6 +106,8 @@ class OutputNotFromKernel(Rule):
         the data forward passes them from its inputs."""
         forward = analysis.forward
         assert forward is not None
+        if not any(flow.producers for flow in flows):
+            return  # nothing traced to any call (a CUDA graph's static buffer): no evidence
         inputs = tainted_names(model, forward)
         stored = _assigned_attributes(analysis)  # `self.x = x.clone()` carries the input too
         index = CppIndex.of(model)

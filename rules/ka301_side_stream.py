@@ -408,7 +408,8 @@ class _PyStreams:
             argument = node.args[0] if node.args else _keyword(node, "stream")
             self._use(self.refs(argument), event)
         stream_arg = _keyword(node, "stream")
-        if stream_arg is not None:
+        if stream_arg is not None and resolved not in GRAPH_CAPTURES:
+            # a capture's stream records, it runs nothing: `replay()` runs on the current stream
             self._use(self.refs(stream_arg), event)
         if resolved == "torch.cuda.synchronize" or (resolved or "").endswith(
                 "cuda.device_synchronize"):
