@@ -19,7 +19,9 @@ class FallbackBranch(Rule):
     in `__init__` (also inside `try`, with `None` in the `except`); a fallback written with
     operators (`a * b`) counts, and so does a handler that swallows the error (`except: pass`,
     or a log line) when the `try` returns the kernel's answer and the code after it runs the
-    reference. A `try` around `load_inline` that re-raises, a handler that logs and re-raises,
+    reference. A `try` whose body computes with PyTorch and reaches no custom kernel has no
+    custom path to fall back from (KA101 reports it). A `try` around `load_inline` that re-raises,
+    a handler that logs and re-raises,
     and a condition on a loop's position (`if i == len(self.layers) - 1:` choosing `torch.mm`
     for the last layer) are not reported: under `--policy kernelbench` KA108 lists what stays in
     PyTorch.
@@ -62,6 +64,8 @@ class FallbackBranch(Rule):
             owner = analysis.owner.get(function)
             for node in walk_code(function.body):
                 if isinstance(node, ast.ExceptHandler):
+                    if not _tries_custom_path(function.body, node, analysis, owner):
+                        continue  # PyTorch in both: no custom path to fall back from (KA101's)
                     ops = analysis.reference_ops_reached(node.body, owner)
                     after = "" if ops else " after it"
                     tried, later = _after_swallowed(function.body, node)
@@ -94,6 +98,19 @@ class FallbackBranch(Rule):
                             + (guard_note(guard) if guard else ""),
                             level=Level.WARNING if guard else None)
                         break
+
+
+def _tries_custom_path(body: list[ast.stmt], handler: ast.ExceptHandler,
+                       analysis: ForwardAnalysis, owner) -> bool:
+    """The `try` of `handler` has a custom kernel to fall back from, or runs no PyTorch compute
+    either (a call kaudit cannot follow may be the kernel): only a `try` whose body computes with
+    PyTorch and reaches no custom kernel has none."""
+    path = _enclosing(body, handler, [])
+    if path is None:
+        return True
+    block, index = path[-1]
+    kinds = analysis.kinds_reached(block[index].body, owner)
+    return OpKind.CUSTOM_KERNEL in kinds or not kinds & REFERENCE_KINDS
 
 
 def _after_swallowed(body: list[ast.stmt], handler: ast.ExceptHandler
