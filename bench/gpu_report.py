@@ -111,6 +111,9 @@ def figures(folder: Path) -> list[str]:
                 f"{data['naive']['seconds']:.1f} s ({data['ratio']:.1f}x); {audit['statuses']}; "
                 f"run again alone {audit.get('retried_alone', '-')}; GPU waits "
                 f"{audit.get('gpu_wait_s', '-')} s (summed)"]
+        if audit.get("job_seconds"):
+            out.append("seconds summed over the problems: " + ", ".join(
+                f"{kind} {seconds}" for kind, seconds in audit["job_seconds"].items()))
         out += [f"- {p['problem']} {p['status']}: {'; '.join(p['why'])[:240]}"
                 for p in audit.get("not_ok", [])]
     for path in sorted(folder.glob("overhead*.json")):

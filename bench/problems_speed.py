@@ -83,6 +83,11 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
             "slowest": [(Path(line["path"]).name, round(float(line["seconds"]), 2)) for line in slowest],
             "retried_alone": sum(bool(line.get("retried_alone_on_gpu")) for line in lines),
             "gpu_wait_s": round(sum(float(line.get("gpu_wait_s") or 0) for line in lines), 1),
+            # where the problems' time went, summed over them: the job's steps and the judging
+            "job_seconds": {kind: round(sum(float((line.get("job_seconds") or {}).get(kind, 0))
+                                            for line in lines), 1)
+                            for kind in sorted({k for line in lines
+                                                for k in line.get("job_seconds") or {}})},
             # why a problem did not run, or ran in part: what the next run has to fix
             "not_ok": [{"problem": Path(line["path"]).name, "status": line.get("status"),
                         "seconds": line.get("seconds"),
@@ -116,6 +121,8 @@ def main() -> int:
           f"({figures['ratio']:.1f}x), {audit['problems']} streamed, {audit['statuses']}, "
           f"{audit['retried_alone']} run again alone on the GPU, {audit['gpu_wait_s']} s of "
           "waits for GPU memory (summed over jobs)")
+    print("seconds summed over the problems: " + ", ".join(
+        f"{kind} {seconds}" for kind, seconds in audit["job_seconds"].items()))
     for problem in audit["not_ok"]:
         print(f"  {problem['problem']} {problem['status']}: {'; '.join(problem['why'])[:300]}")
     if args.json:

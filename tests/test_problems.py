@@ -212,6 +212,11 @@ def test_cli_json_shape(tmp_path):
         ("fixtures/problems/bad_tiny_output.py", "error"),
         ("fixtures/problems/good_matmul.py", "clean")]
     assert lines[0]["findings"] == tiny["findings"] and lines[0]["seconds"] > 0
+    # where each problem's time went: the job's steps and the judging, in both
+    steps = honest["job_seconds"]
+    assert {"job:import", "job:inputs", "job:forward", "job:save", "job:fp64", "job:scale",
+            "judge"} <= set(steps) and all(seconds >= 0 for seconds in steps.values())
+    assert lines[1]["job_seconds"] == steps and sum(steps.values()) <= lines[1]["seconds"]
 
 
 def test_cli_text_markdown_and_sarif(tmp_path):

@@ -69,6 +69,9 @@ class ProblemResult:
     retried_alone_on_gpu: bool = False
     #: seconds its job waited for GPU memory and locks (neighbours' jobs)
     gpu_wait_s: float = 0.0
+    #: where its time went: the job's steps (`job:import`, `job:forward`, `job:fp64` ...) and
+    #: kaudit's comparison of the outputs (`judge`)
+    job_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def max_abs(self) -> float | None:
@@ -91,6 +94,7 @@ class ProblemResult:
             "absolute": self.absolute, "gap": self.gap, "recommended": self.recommended,
             "seeds": self.seeds, "scales": self.scales,
             "retried_alone_on_gpu": self.retried_alone_on_gpu, "gpu_wait_s": self.gpu_wait_s,
+            "job_seconds": self.job_seconds,
             "findings": [f.to_dict() for f in self.findings],
         }
 

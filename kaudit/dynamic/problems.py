@@ -186,7 +186,9 @@ def audit_problems(paths: Iterable[str], options: Options,
                         timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
                         cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),),
                         gpu=gpu)) as result:
+                judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
+                problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)
         except SandboxError:
             raise
         except Exception as exc:  # a full disk, or a kaudit bug: not run, said so; the run goes on

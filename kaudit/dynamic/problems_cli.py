@@ -39,6 +39,7 @@ def stream_line(problem) -> dict:
             "findings": [f.to_dict() for f in problem.findings],
             "seconds": round(problem.wall_s, 3),
             **({"gpu_wait_s": problem.gpu_wait_s} if problem.gpu_wait_s else {}),
+            **({"job_seconds": problem.job_seconds} if problem.job_seconds else {}),
             **({"retried_alone_on_gpu": True} if problem.retried_alone_on_gpu else {})}
 
 

@@ -54,7 +54,7 @@ class OutputTypeError(Exception):
 def run_problem(args: dict, out_dir: str) -> dict:
     import torch
 
-    manifest: dict[str, Any] = {"phase": "device", "complete": False, "seeds": [], "scales": [],
+    manifest: dict[str, Any] = {"phase": "start", "complete": False, "seeds": [], "scales": [],
                                 "fp64_error": None, "torch": torch.__version__, "timings": {},
                                 "files": {}}
     saver = _Saver(torch, out_dir, int(args.get("max_elements", MAX_ELEMENTS)), manifest)
@@ -64,8 +64,15 @@ def run_problem(args: dict, out_dir: str) -> dict:
             raise exc
         return _describe(exc)
 
+    clock = [time.monotonic()]
+
     def step(name: str) -> None:
-        manifest["phase"] = name
+        """Enter step `name`; the step left gets its seconds (`timings`, summed by step)."""
+        now, left = time.monotonic(), manifest["phase"]
+        if left != "start":
+            manifest["timings"][left] = round(manifest["timings"].get(left, 0.0) + now - clock[0],
+                                              3)
+        manifest["phase"], clock[0] = name, now
         write_json(os.path.join(out_dir, MANIFEST), manifest)
 
     step("device")
@@ -81,7 +88,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
             manifest["device_name"] = "cpu"
         manifest["device"] = str(device)
     step("import")
-    started = time.monotonic()
     with phase("import"):
         module = _import_problem(args["path"])
     step("init")
@@ -96,7 +102,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
         if reference64 is not None:
             reference64 = reference64.to(device)
         _synchronize(torch, device)
-    manifest["timings"]["build_s"] = round(time.monotonic() - started, 3)
 
     first_inputs = None
     for seed in args["seeds"]:
@@ -106,7 +111,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
             inputs = make_inputs(module, seed, device, torch)
             record["inputs"] = _digest(inputs, torch)
         step("forward")
-        started = time.monotonic()
         on_device = to_device(inputs, device, None, torch)
         del inputs
         if first_inputs is None:  # kept on the device for the float64 and scaled runs, and
@@ -118,8 +122,8 @@ def run_problem(args: dict, out_dir: str) -> dict:
         with phase("forward"):
             torch.manual_seed(seed)
             outputs, kind = _forward(model, on_device, device, torch)
-        manifest["timings"].setdefault("forward_s", round(time.monotonic() - started, 3))
         manifest["output_kind"] = kind
+        step("save")
         record["native"] = saver.save(outputs, f"seed{seed}.pt")
         del outputs
         manifest["seeds"].append(record)
@@ -127,7 +131,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
         if first_seed:
             if reference64 is not None:
                 step("fp64")
-                started = time.monotonic()
                 try:
                     torch.manual_seed(seed)
                     outputs, _ = _forward(reference64,
@@ -139,7 +142,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
                     manifest["fp64_error"] = optional_step_failed(exc)
                     reference64 = None
                     _free(torch, device)
-                manifest["timings"]["fp64_s"] = round(time.monotonic() - started, 3)
         step("seed-done")
 
     for scale in args.get("scales", []):
