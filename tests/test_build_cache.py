@@ -108,6 +108,7 @@ import os
 
 def build(args, out_dir):
     os.environ["CXX"] = args["compiler"]  # counts its compile steps, and fails them
+    os.environ["COMPILER_KILLED"] = "1" if args.get("killed") else ""
     from torch.utils.cpp_extension import load_inline
     try:
         load_inline(name="broken", cpp_sources=args["source"], functions=["f"],
@@ -129,15 +130,19 @@ def test_a_failed_build_fails_again_in_the_next_job_without_compiling(tmp_path):
     jobs, compiles = tmp_path / "jobs.py", tmp_path / "compiles"
     jobs.write_text(BROKEN_BUILD_JOB)
     compiler = tmp_path / "cxx"
-    compiler.write_text(f'#!/bin/sh\ncase " $* " in *" -c "*) echo x >> {compiles}; exit 1;; esac\n'
-                        'exec c++ "$@"\n')  # what torch asks besides compiling
+    compiler.write_text(
+        f'#!/bin/sh\ncase " $* " in *" -c "*) echo x >> {compiles}\n'
+        '  [ -n "$COMPILER_KILLED" ] && echo "Killed signal terminated program cc1plus" >&2\n'
+        '  exit 1;; esac\n'
+        'exec c++ "$@"\n')  # what torch asks besides compiling
     compiler.chmod(0o755)
     folder = tmp_path / "build"
     folder.mkdir()
 
-    def attempt(source: str) -> str:
+    def attempt(source: str, killed: bool = False) -> str:
         job = Job(f"{jobs}:build", timeout=120, writable=[str(tmp_path)],
-                  args={"compiler": str(compiler), "folder": str(folder), "source": source})
+                  args={"compiler": str(compiler), "folder": str(folder), "source": source,
+                        "killed": killed})
         with run_job(job) as result:
             assert result.ok, result.describe()
             return result.value
@@ -147,10 +152,13 @@ def test_a_failed_build_fails_again_in_the_next_job_without_compiling(tmp_path):
 
     sandbox.set_mode("off")
     try:
+        # the machine stopped the compiler: not kept, the next job builds again
+        assert "Killed" in attempt("int f();", killed=True) and compiled() == 1
+        assert not (folder / FAILED).exists()
         first = attempt("int f();")
-        assert first != "built" and compiled() == 1 and (folder / FAILED).is_file()
-        assert attempt("int f();") == first and compiled() == 1, "the same build ran again"
-        assert attempt("int f() { return 2; }") != "built" and compiled() == 2, \
+        assert first != "built" and compiled() == 2 and (folder / FAILED).is_file()
+        assert attempt("int f();") == first and compiled() == 2, "the same build ran again"
+        assert attempt("int f() { return 2; }") != "built" and compiled() == 3, \
             "another source is built"
     finally:
         sandbox.set_mode("auto")

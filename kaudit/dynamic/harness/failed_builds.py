@@ -5,7 +5,8 @@ whose compile fails (a kernel that then falls back to PyTorch, or raises) compil
 on the H200, 55-70 s of CPU a job, four times over, for 12 of the first 40 CUDA-L1 kernels. The
 first failure is written into the build folder (`FAILED`: a digest of what was built and the
 compiler's message), and a later build of the same inputs in that folder raises the same error
-without compiling, so every job of the kernel takes the same path. The kernel may delete or forge
+without compiling, so every job of the kernel takes the same path. A failure that names the
+machine (the compiler killed, the disk or memory full) is not kept. The kernel may delete or forge
 that file: it can only make its own builds slower or fail, which it can do anyway.
 """
 
@@ -21,6 +22,11 @@ import sys
 from typing import Any
 
 FAILED = ".failed-build.json"
+#: a failure that says the machine, not the code, stopped the compiler is not kept: the next
+#: job (or scan, with a persistent build cache) builds again
+_TRANSIENT = re.compile(r"killed|signal|no space left|out of memory|cannot allocate memory|"
+                        r"internal compiler error|resource temporarily unavailable",
+                        re.IGNORECASE)
 #: the sources of ninja's compile steps (`build main.o: compile /folder/main.cpp`)
 _COMPILED = re.compile(r"^build [^:\n]+: \w*compile (\S+)", re.MULTILINE)
 _SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".h", ".hpp", ".cuh")
@@ -72,9 +78,11 @@ def remember_failed_builds() -> None:
         try:
             return build(build_directory, *args, **kwargs)
         except RuntimeError as exc:
-            with contextlib.suppress(OSError), \
-                    open(os.path.join(build_directory, FAILED), "w", encoding="utf-8") as handle:
-                json.dump({"digest": digest, "message": str(exc)[-20000:]}, handle)
+            if not _TRANSIENT.search(str(exc)):
+                with contextlib.suppress(OSError), \
+                        open(os.path.join(build_directory, FAILED), "w",
+                             encoding="utf-8") as handle:
+                    json.dump({"digest": digest, "message": str(exc)[-20000:]}, handle)
             raise
 
     cpp_extension._run_ninja_build = run_ninja_build
