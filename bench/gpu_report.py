@@ -10,7 +10,11 @@
   runs again alone, waits for the GPU, why each problem that did not run whole failed) and of
   `bench/dynamic_overhead.py` (`overhead_*.json`: totals).
 
-    python bench/gpu_report.py RES_DIR_OR_TGZ [--device cuda|cpu] [--top N]
+- with `--keep-cudal1 RUN`, the `cudal1_full` stream's verdicts added to
+  `bench/results/cudal1_h100_xsm.jsonl` (the check leaves those tasks out next time) and the
+  whole CUDA-L1 file summarised so far.
+
+    python bench/gpu_report.py RES_DIR_OR_TGZ [--device cuda|cpu] [--top N] [--keep-cudal1 RUN]
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from tests.conftest import (  # noqa: E402 - the suite's own reading of the mark
 )
 
 FIXTURE_STREAMS = ("fixtures.jsonl", "fixtures_fk.jsonl")
+#: kaudit's verdicts on CUDA-L1's h100_xsm.json, kept over sessions (`--keep-cudal1`); the
+#: `cudal1_full` check leaves these tasks out
+CUDAL1_KEPT = ROOT / "bench" / "results" / "cudal1_h100_xsm.jsonl"
+CUDAL1_KERNELS = 249
 
 
 def lines(path: Path) -> list[dict]:
@@ -101,6 +109,36 @@ def scan(path: Path, top: int) -> list[str]:
     return out
 
 
+def keep_cudal1(stream: Path, run: str) -> list[str]:
+    """Add the kernels of a `cudal1_full` stream to CUDAL1_KEPT (one line per level and task,
+    the newest run kept; verdicts and figures only, no code of the GPL-3.0 release), and
+    summarise the whole file so far."""
+    kept = {(r["level"], r["task_id"]): r for r in lines(CUDAL1_KEPT)} \
+        if CUDAL1_KEPT.exists() else {}
+    for line in lines(stream):
+        measured = line.get("measured") or {}
+        kept[(line["level"], line["problem"])] = {
+            "level": line["level"], "task_id": line["problem"], "verdict": line["verdict"],
+            "status": line["status"],
+            "errors": sorted({f["rule"] for f in line["findings"] if f["level"] == "error"}),
+            "warnings": sorted({f["rule"] for f in line["findings"] if f["level"] == "warning"}),
+            "verified_speedup": measured.get("speedup"), "runtime_ms": measured.get("runtime_ms"),
+            "reference_ms": measured.get("reference_ms"), "seconds": line["seconds"], "run": run}
+    records = [kept[key] for key in sorted(kept)]
+    CUDAL1_KEPT.write_text("".join(json.dumps(r) + "\n" for r in records))
+    speedups = sorted(r["verified_speedup"] for r in records if r["verified_speedup"])
+    errors = Counter(code for r in records for code in r["errors"])
+    out = [f"## CUDA-L1 h100_xsm.json so far: {len(records)} of {CUDAL1_KERNELS} kernels",
+           f"verdicts {dict(Counter(r['verdict'] for r in records))}; "
+           f"status {dict(Counter(r['status'] for r in records))}",
+           f"kernels with each error: {dict(errors.most_common())}"]
+    if speedups:
+        out.append(f"verified speedups: {len(speedups)} timed, median "
+                   f"{statistics.median(speedups):.2f}x, {speedups[0]:.2f}-{speedups[-1]:.2f}x, "
+                   f"{sum(v > 1 for v in speedups)} over 1x")
+    return out
+
+
 def figures(folder: Path) -> list[str]:
     out = []
     for path in sorted(folder.glob("problems*.json")):
@@ -134,6 +172,9 @@ def main() -> int:
     parser.add_argument("results", type=Path, help="the res/ folder, or res.tgz")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--top", type=int, default=20, help="rows per speedup table")
+    parser.add_argument("--keep-cudal1", metavar="RUN", help="add the run's cudal1_full "
+                        f"verdicts to {CUDAL1_KEPT.relative_to(ROOT)}, labelled RUN (e.g. "
+                        "'2026-12-03 H200, torch 2.11, kaudit REV'), and summarise the file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.results
@@ -146,6 +187,8 @@ def main() -> int:
             if path.name not in FIXTURE_STREAMS:
                 report += [""] + scan(path, args.top)
         report += figures(folder)
+        if args.keep_cudal1 and (folder / "cudal1_full.jsonl").exists():
+            report += [""] + keep_cudal1(folder / "cudal1_full.jsonl", args.keep_cudal1)
     print("\n".join(report))
     return 0
 
