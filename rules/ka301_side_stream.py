@@ -1,4 +1,5 @@
 import ast
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -437,7 +438,31 @@ class _PyStreams:
         for op in self.analysis.classify_all(node, cls):
             if op.kind is OpKind.HELPER and op.target is not None:
                 owner = self.analysis.owner.get(op.target, self.analysis.class_of(op.target))
-                self.walk(op.target, owner, branches)
+                with self._passed(node, op.target):
+                    self.walk(op.target, owner, branches)
+
+    @contextlib.contextmanager
+    def _passed(self, call: ast.Call, target: FunctionNode) -> Iterator[None]:
+        """While a helper is walked, its parameters denote the streams its call passes them
+        (`launch(x, self.side)`, `Fn.apply(x, self.side)`), and nothing outside it."""
+        params = [a.arg for a in (*target.args.posonlyargs, *target.args.args)]
+        if params and params[0] in ("self", "cls", "ctx"):
+            params = params[1:]  # bound by the call (`apply` passes the autograd context)
+        passed = dict(zip(params, call.args)) if not any(
+            isinstance(a, ast.Starred) for a in call.args) else {}
+        passed.update({k.arg: k.value for k in call.keywords if k.arg})
+        bound = {name: found for name, value in passed.items() if (found := self.refs(value))}
+        saved = {name: self.names.get(name) for name in bound}
+        for name, found in bound.items():
+            self.names[name] = found
+        try:
+            yield
+        finally:
+            for name, before in saved.items():
+                if before is None:
+                    self.names.pop(name, None)
+                else:
+                    self.names[name] = before
 
     def _use(self, found: set[int], event: _Event) -> None:
         for i in found:
