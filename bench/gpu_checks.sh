@@ -17,7 +17,7 @@
 # installed first. DEV=cpu runs the same checks on the CPU (to try the script).
 # `python bench/gpu_report.py res.tgz` makes the tables.
 # A check's remainder after a run cut short: ADV_K (pytest -k for adversarial), FIXTURES (kernel
-# files), KBX_DONE (record line numbers already judged).
+# files), KBX_DONE (record line numbers already judged). PROBLEM_JOBS: `problems`' -j (default 8).
 set -u
 DEV=${DEV:-cuda}  # DEV=cpu tries the script itself on a machine without a GPU
 export PYTHONUNBUFFERED=1 KAUDIT_TEST_DEVICE=$DEV DEV
@@ -59,8 +59,9 @@ check() {
       local vary="--timing off --sandbox both"; [ $1 = overhead_on ] && vary="--timing both --sandbox on"
       python3 bench/dynamic_overhead.py --device $DEV --cases good_gelu_triton \
         good_pytorch_linear good_gelu_cuda --repeat 1 $vary --json "$R/$1.json" ;;
-    problems) python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs 8 \
-                --limit-s 240 --json "$R/problems_l1.json" ;;
+    problems) local jobs=${PROBLEM_JOBS:-8}  # PROBLEM_JOBS: its -j
+      python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs $jobs \
+        --limit-s $((LIMIT - 20)) --json "$R/problems_l1_j$jobs.json" ;;
     corpus|corpus_cold|corpus_warm)  # cold and warm split over two commands share .kwork/corpus
       only=${1#corpus}; python3 bench/dynamic_corpus.py .corpora/real80 --problems .corpora/kb \
         --jobs 14 --baseline-timings .corpora/a100_baseline.json --limit-s $((LIMIT - 20)) \
