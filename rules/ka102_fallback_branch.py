@@ -20,10 +20,11 @@ class FallbackBranch(Rule):
     operators (`a * b`) counts, and so does a handler that swallows the error (`except: pass`,
     or a log line) when the `try` returns the kernel's answer and the code after it runs the
     reference. A `try` whose body computes with PyTorch and reaches no custom kernel has no
-    custom path to fall back from (KA101 reports it). A `try` around `load_inline` that re-raises,
-    a handler that logs and re-raises,
-    and a condition on a loop's position (`if i == len(self.layers) - 1:` choosing `torch.mm`
-    for the last layer) are not reported: under `--policy kernelbench` KA108 lists what stays in
+    custom path to fall back from (KA101 reports it). A `try` around `load_inline` that
+    re-raises, a handler that logs and re-raises, a condition on a loop's position (`if i ==
+    len(self.layers) - 1:` choosing `torch.mm` for the last layer) and one on the type of a
+    loop's item (`for layer in self.body:` with `if isinstance(layer, nn.ReLU):` sending only the
+    ReLUs to the kernel) are not reported: under `--policy kernelbench` KA108 lists what stays in
     PyTorch.
 
     A branch taken only for inputs a benchmark does not give is a warning, not an error: a guard
@@ -80,8 +81,8 @@ class FallbackBranch(Rule):
                             f"(line {model.line_of(ops[0].node)}){after} when the custom path "
                             "raises")
             for node, first, second in exclusive_alternatives(function.body):
-                if _loop_position(node, function):
-                    continue  # the last layer of a loop, by design: not a fallback
+                if _loop_position(node, function) or _layer_type_dispatch(node, function):
+                    continue  # the last layer of a loop, or each layer by its type: by design
                 kinds = (analysis.kinds_reached(first, owner), analysis.kinds_reached(second, owner))
                 for fallback in (0, 1):
                     if kinds[fallback] & REFERENCE_KINDS \
@@ -214,17 +215,50 @@ def _axis_name(node: ast.AST) -> str | None:
     return None
 
 
+def _loop_targets(node: ast.AST, function: ast.AST) -> set[str]:
+    """The names the loops around `node` bind (`i`, `layer` of `for i, layer in ...`)."""
+    found: set[str] = set()
+    for loop in ast.walk(function):
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and any(
+                inner is node for statement in loop.body for inner in ast.walk(statement)):
+            found.update(n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name))
+    return found
+
+
+def _layer_type_dispatch(node: ast.AST, function: ast.AST) -> bool:
+    """The condition only asks the type of a loop's item (`if isinstance(layer, nn.ReLU):` in
+    `for layer in self.body:`): the loop sends each kind of layer its own way, and the other
+    branch runs the layers the kernel does not replace, not the ones it does (KA108 lists those)."""
+    test = getattr(node, "test", None)
+    items = _loop_targets(node, function)
+    if test is None or not items:
+        return False
+    parts = test.values if isinstance(test, ast.BoolOp) else [test]
+    return all(_asks_type(part.operand if isinstance(part, ast.UnaryOp) and
+                          isinstance(part.op, ast.Not) else part, items) for part in parts)
+
+
+def _asks_type(test: ast.AST, items: set[str]) -> bool:
+    """`isinstance(item, T)`, `type(item) is T` (or `==`, `is not`, `!=`)."""
+    def is_item(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in items
+
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and \
+            test.func.id == "isinstance" and len(test.args) == 2:
+        return is_item(test.args[0])
+    return isinstance(test, ast.Compare) and len(test.ops) == 1 and \
+        isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) and \
+        isinstance(test.left, ast.Call) and isinstance(test.left.func, ast.Name) and \
+        test.left.func.id == "type" and len(test.left.args) == 1 and is_item(test.left.args[0])
+
+
 def _loop_position(node: ast.AST, function: ast.AST) -> bool:
     """The condition depends only on the counters of the loops around it (`i == n - 1`,
     `is_last = i == len(self.layers) - 1`)."""
     test = getattr(node, "test", None)
     if test is None:
         return False
-    counters: set[str] = set()
-    for loop in ast.walk(function):
-        if isinstance(loop, (ast.For, ast.AsyncFor)) and any(
-                inner is node for statement in loop.body for inner in ast.walk(statement)):
-            counters.update(n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name))
+    counters = _loop_targets(node, function)
     if not counters:
         return False
     neutral = {"self", "len", "range", "min", "max", "abs"}
