@@ -65,13 +65,17 @@ class FallbackBranch(Rule):
             owner = analysis.owner.get(function)
             for node in walk_code(function.body):
                 if isinstance(node, ast.ExceptHandler):
-                    if not _tries_custom_path(function.body, node, analysis, owner):
+                    path = _enclosing(function.body, node, [])
+                    tried: set[OpKind] = set()  # what the `try` of this handler reaches
+                    if path:
+                        block, index = path[-1]
+                        tried = analysis.kinds_reached(block[index].body, owner)
+                    if tried & REFERENCE_KINDS and OpKind.CUSTOM_KERNEL not in tried:
                         continue  # PyTorch in both: no custom path to fall back from (KA101's)
                     ops = analysis.reference_ops_reached(node.body, owner)
                     after = "" if ops else " after it"
-                    tried, later = _after_swallowed(function.body, node)
-                    if not ops and tried is not None and \
-                            OpKind.CUSTOM_KERNEL in analysis.kinds_reached(tried.body, owner):
+                    later = _after_swallowed(path, node)
+                    if not ops and later is not None and OpKind.CUSTOM_KERNEL in tried:
                         # `except: pass`, and the reference after the `try`
                         ops = analysis.reference_ops_reached(later, owner)
                     if ops:
@@ -101,34 +105,20 @@ class FallbackBranch(Rule):
                         break
 
 
-def _tries_custom_path(body: list[ast.stmt], handler: ast.ExceptHandler,
-                       analysis: ForwardAnalysis, owner) -> bool:
-    """The `try` of `handler` has a custom kernel to fall back from, or runs no PyTorch compute
-    either (a call kaudit cannot follow may be the kernel): only a `try` whose body computes with
-    PyTorch and reaches no custom kernel has none."""
-    path = _enclosing(body, handler, [])
+def _after_swallowed(path: list[tuple[list[ast.stmt], int]] | None,
+                     handler: ast.ExceptHandler) -> list[ast.stmt] | None:
+    """What runs after the `try` at the end of `path` (from `_enclosing`), when its handler lets
+    the function go on (no return, raise, continue or break in it) while the `try` returns its
+    answer: the statements after the `try` in its block and in every block around it. None
+    otherwise."""
     if path is None:
-        return True
+        return None
     block, index = path[-1]
-    kinds = analysis.kinds_reached(block[index].body, owner)
-    return OpKind.CUSTOM_KERNEL in kinds or not kinds & REFERENCE_KINDS
-
-
-def _after_swallowed(body: list[ast.stmt], handler: ast.ExceptHandler
-                     ) -> tuple[ast.Try | None, list[ast.stmt]]:
-    """The `try` of `handler` and what runs after it, when the handler lets the function go on
-    (no return, raise, continue or break in it) while the `try` returns its answer: the
-    statements after the `try` in its block and in every block around it. (None, []) otherwise."""
-    path = _enclosing(body, handler, [])
-    if path is None:
-        return None, []
-    block, index = path[-1]
-    tried = block[index]
     escapes = (ast.Return, ast.Raise, ast.Continue, ast.Break)
     if any(isinstance(node, escapes) for node in walk_code(handler.body)) or \
-            not any(isinstance(statement, ast.Return) for statement in tried.body):
-        return None, []
-    return tried, [statement for block, index in reversed(path) for statement in block[index + 1:]]
+            not any(isinstance(statement, ast.Return) for statement in block[index].body):
+        return None
+    return [statement for block, index in reversed(path) for statement in block[index + 1:]]
 
 
 def _enclosing(body: list[ast.stmt], handler: ast.ExceptHandler,

@@ -76,7 +76,10 @@ class SideStream(Rule):
     event (`current_stream().wait_event(e)`, `e.wait()`), and that join runs whenever the work
     runs: a join made only on the first call (a warm-up), inside a graph capture, or under a
     condition the work is not also under (`if x.requires_grad:`) does not count. The forward path
-    is walked in execution order with its helpers inlined. Work done only in `__init__` is joined
+    is walked in execution order with its helpers inlined, a helper's parameters standing for the
+    streams its call passes (`Fn.apply(x, self.side)`). The stream a CUDA graph is captured on
+    (`torch.cuda.graph(g, stream=s)`) runs nothing: `g.replay()` runs on the current stream. Work
+    done only in `__init__` is joined
     by any join in `__init__` or on the forward path. In C++/CUDA, finds `cudaStreamCreate*`,
     `at::cuda::getStreamFromPool`, `cublasSetStream`/`cublasSetStream_v2` (and the cuDNN, cuSPARSE,
     cuFFT equivalents) given a stream other than the current one, and `k<<<g, b, smem, stream>>>`

@@ -73,8 +73,9 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     DynamicOptions,
 )
 from kaudit.dynamic.profiling import attribute, profile_job
-from kaudit.dynamic.runner import (Job, OutputError, RunResult, SharedInputs, add_job_seconds,
-                                   job_seconds, run_job, share_inputs)
+from kaudit.dynamic.runner import (MAX_PHASES, Job, OutputError, RunResult,  # noqa: F401
+                                   SharedInputs, add_job_seconds, job_seconds, phase_seconds,
+                                   run_job, share_inputs)
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
@@ -86,8 +87,6 @@ if TYPE_CHECKING:
 REFERENCE_TARGET = "kernel_job:run_reference"
 CANDIDATE_TARGET = "kernel_job:run_candidate"
 PLAIN_TARGET = "plain_run.py:run"
-#: the candidate job's phases read into `job_seconds` (the harness has eight)
-MAX_PHASES = 12
 #: calls in the plain run (KD406)
 PLAIN_CALLS = 3
 SIBLING_PROBLEMS = ("problem.py", "ref_code.py", "reference.py")
@@ -551,9 +550,8 @@ def _job_phases(kind: str, result: RunResult) -> None:
     saves ...) into `job_seconds` as `<kind>:<phase>`; the candidate job ran the kernel, so what
     it reports is bounded (names, count, numbers)."""
     value = result.value if isinstance(result.value, dict) else {}
-    phases = value.get("phase_seconds")
-    for name, seconds in list(phases.items() if isinstance(phases, dict) else ())[:MAX_PHASES]:
-        add_job_seconds(f"{kind}:{str(name)[:40]}", seconds)
+    for name, seconds in phase_seconds(value.get("phase_seconds"), kind).items():
+        add_job_seconds(name, seconds)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from kaudit.dynamic.limits import memory_note
 from kaudit.dynamic.problem_results import Options, ProblemResult
-from kaudit.dynamic.runner import OutputError, RunResult
+from kaudit.dynamic.runner import OutputError, RunResult, phase_seconds
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Location
 from kaudit.rule import rule_by_code
@@ -45,7 +45,7 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
     manifest: dict[str, Any] | None = result.value if result.ok else _manifest(result)
     if manifest:
         problem.device = manifest.get("device")
-        problem.job_seconds = _step_seconds(manifest)
+        problem.job_seconds = phase_seconds(manifest.get("timings"), "job")
     seeds = [s for s in (manifest or {}).get("seeds", []) if s.get("native")]
     if not result.ok and len(seeds) < options.seeds:
         phase = (manifest or {}).get("phase") if result.status in ("timeout", "crashed") \
@@ -62,14 +62,6 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
         result.error_type, result.error = type(exc).__name__, str(exc)
         _not_run(problem, report, result)
         return problem
-
-
-def _step_seconds(manifest: dict[str, Any]) -> dict[str, float]:
-    """The job's seconds per step (`job:<step>`), as its manifest recorded them."""
-    steps = manifest.get("timings")
-    return {f"job:{str(name)[:40]}": float(seconds)
-            for name, seconds in (steps.items() if isinstance(steps, dict) else ())
-            if isinstance(seconds, (int, float)) and 0 <= seconds < 1e6}
 
 
 def _manifest(result: RunResult) -> dict[str, Any] | None:

@@ -299,6 +299,22 @@ def job_seconds() -> Iterator[dict[str, float]]:
         _job_seconds.reset(token)
 
 
+#: a job's phases read into `job_seconds` (the kernel and problem jobs have at most eleven)
+MAX_PHASES = 12
+
+
+def phase_seconds(phases: Any, prefix: str) -> dict[str, float]:
+    """A job's own report of its phases (`{name: seconds}`) as `{prefix:name: seconds}`, bounded:
+    the job ran code under audit, so at most MAX_PHASES names of 40 characters, and numbers
+    only."""
+    found: dict[str, float] = {}
+    for name, seconds in list(phases.items() if isinstance(phases, dict) else ())[:MAX_PHASES]:
+        if isinstance(seconds, (int, float)) and 0 <= seconds < 1e6:
+            key = f"{prefix}:{str(name)[:40]}"
+            found[key] = found.get(key, 0.0) + float(seconds)
+    return found
+
+
 def add_job_seconds(kind: str, seconds: Any) -> None:
     """Add a part of a job (`candidate:import`, read from the job's own report: a number or
     nothing) to the current `job_seconds()`."""

@@ -64,15 +64,15 @@ def run_problem(args: dict, out_dir: str) -> dict:
             raise exc
         return _describe(exc)
 
-    clock = [time.monotonic()]
+    entered = time.monotonic()
 
     def step(name: str) -> None:
         """Enter step `name`; the step left gets its seconds (`timings`, summed by step)."""
-        now, left = time.monotonic(), manifest["phase"]
+        nonlocal entered
+        now, left, timings = time.monotonic(), manifest["phase"], manifest["timings"]
         if left != "start":
-            manifest["timings"][left] = round(manifest["timings"].get(left, 0.0) + now - clock[0],
-                                              3)
-        manifest["phase"], clock[0] = name, now
+            timings[left] = round(timings.get(left, 0.0) + now - entered, 3)
+        manifest["phase"], entered = name, now
         write_json(os.path.join(out_dir, MANIFEST), manifest)
 
     step("device")
