@@ -4,6 +4,7 @@ folders; jobs compile with every core."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -119,46 +120,74 @@ def build(args, out_dir):
 '''
 
 
-def test_a_failed_build_fails_again_in_the_next_job_without_compiling(tmp_path):
-    """A kernel whose extension does not compile (and falls back) compiled again in each of its
-    jobs: a minute of CPU each on the GPU host."""
-    pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    from kaudit.dynamic import sandbox
-    from kaudit.dynamic.harness.failed_builds import FAILED
-    from kaudit.dynamic.runner import Job, run_job
+class BrokenBuilds:
+    """Jobs that build one `load_inline` extension in one folder with a compiler that counts its
+    compile steps and fails them (`attempt`), the job runner's sandbox off."""
 
-    jobs, compiles = tmp_path / "jobs.py", tmp_path / "compiles"
-    jobs.write_text(BROKEN_BUILD_JOB)
-    compiler = tmp_path / "cxx"
-    compiler.write_text(
-        f'#!/bin/sh\ncase " $* " in *" -c "*) echo x >> {compiles}\n'
-        '  [ -n "$COMPILER_KILLED" ] && echo "Killed signal terminated program cc1plus" >&2\n'
-        '  exit 1;; esac\n'
-        'exec c++ "$@"\n')  # what torch asks besides compiling
-    compiler.chmod(0o755)
-    folder = tmp_path / "build"
-    folder.mkdir()
+    def __init__(self, tmp_path: Path) -> None:
+        self.root, self.folder = tmp_path, tmp_path / "build"
+        self.jobs, self.compiles = tmp_path / "jobs.py", tmp_path / "compiles"
+        self.jobs.write_text(BROKEN_BUILD_JOB)
+        self.compiler = tmp_path / "cxx"
+        self.compiler.write_text(
+            f'#!/bin/sh\ncase " $* " in *" -c "*) echo x >> {self.compiles}\n'
+            '  [ -n "$COMPILER_KILLED" ] && echo "Killed signal terminated program cc1plus" >&2\n'
+            '  exit 1;; esac\n'
+            'exec c++ "$@"\n')  # what torch asks besides compiling
+        self.compiler.chmod(0o755)
+        self.folder.mkdir()
 
-    def attempt(source: str, killed: bool = False) -> str:
-        job = Job(f"{jobs}:build", timeout=120, writable=[str(tmp_path)],
-                  args={"compiler": str(compiler), "folder": str(folder), "source": source,
-                        "killed": killed})
+    def attempt(self, source: str, killed: bool = False) -> str:
+        from kaudit.dynamic.runner import Job, run_job
+
+        job = Job(f"{self.jobs}:build", timeout=120, writable=[str(self.root)],
+                  args={"compiler": str(self.compiler), "folder": str(self.folder),
+                        "source": source, "killed": killed})
         with run_job(job) as result:
             assert result.ok, result.describe()
             return result.value
 
-    def compiled() -> int:
-        return len(compiles.read_text().split()) if compiles.exists() else 0
+    def compiled(self) -> int:
+        return len(self.compiles.read_text().split()) if self.compiles.exists() else 0
+
+
+@pytest.fixture
+def broken_builds(tmp_path):
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import sandbox
 
     sandbox.set_mode("off")
     try:
-        # the machine stopped the compiler: not kept, the next job builds again
-        assert "Killed" in attempt("int f();", killed=True) and compiled() == 1
-        assert not (folder / FAILED).exists()
-        first = attempt("int f();")
-        assert first != "built" and compiled() == 2 and (folder / FAILED).is_file()
-        assert attempt("int f();") == first and compiled() == 2, "the same build ran again"
-        assert attempt("int f() { return 2; }") != "built" and compiled() == 3, \
-            "another source is built"
+        yield BrokenBuilds(tmp_path)
     finally:
         sandbox.set_mode("auto")
+
+
+def test_a_failed_build_fails_again_in_the_next_job_without_compiling(broken_builds):
+    """A kernel whose extension does not compile (and falls back) compiled again in each of its
+    jobs: a minute of CPU each on the GPU host."""
+    from kaudit.dynamic.harness.failed_builds import FAILED
+
+    attempt, compiled, folder = broken_builds.attempt, broken_builds.compiled, broken_builds.folder
+    # the machine stopped the compiler: not kept, the next job builds again
+    assert "Killed" in attempt("int f();", killed=True) and compiled() == 1
+    assert not (folder / FAILED).exists()
+    first = attempt("int f();")
+    assert first != "built" and compiled() == 2 and (folder / FAILED).is_file()
+    assert attempt("int f();") == first and compiled() == 2, "the same build ran again"
+    assert attempt("int f() { return 2; }") != "built" and compiled() == 3, \
+        "another source is built"
+
+
+def test_a_forged_failure_record_only_costs_a_build(broken_builds):
+    """The kernel can write its build folder: a record it forges (not JSON, or for other inputs)
+    is ignored and the build runs, and the record is replaced by the real failure."""
+    from kaudit.dynamic.harness.failed_builds import FAILED
+
+    record = broken_builds.folder / FAILED
+    record.write_text("{not json")
+    first = broken_builds.attempt("int f();")
+    assert first != "built" and broken_builds.compiled() == 1
+    assert json.loads(record.read_text())["message"] in first
+    record.write_text(json.dumps({"digest": "0" * 64, "message": "FORGED RECORD"}))
+    assert "FORGED RECORD" not in broken_builds.attempt("int f();") and broken_builds.compiled() == 2
