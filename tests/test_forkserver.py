@@ -271,3 +271,15 @@ def test_server_and_its_jobs_leave_when_kaudit_dies(jobs, tmp_path):
 def _empty(folder: Path) -> Path:
     folder.mkdir()
     return folder
+
+
+@pytest.mark.parametrize("bad_fork", [False, True])
+def test_server_start_up_probes_whether_a_forked_job_could_use_cuda(bad_fork):
+    """torch registers its fork handler when CUDA is merely asked for its devices, without
+    initialising it: a server that did so would fork jobs that all fail on CUDA."""
+    from types import SimpleNamespace
+
+    from kaudit.dynamic.harness.server import _forks_poisoned
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: bad_fork))
+    assert _forks_poisoned(torch) is bad_fork

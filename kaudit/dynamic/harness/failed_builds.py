@@ -57,12 +57,13 @@ def _known_failure(folder: str, digest: str) -> str | None:
 
 
 def remember_failed_builds() -> None:
-    """Make torch's JIT extension builds remember their failures (see the module's docstring),
-    where torch's extension module is imported already (the fork server imports it once): a job
-    started in a fresh interpreter does not pay for importing torch here, and compiles as before."""
-    cpp_extension = sys.modules.get("torch.utils.cpp_extension")
-    if cpp_extension is None:
+    """Make torch's JIT extension builds remember their failures (see the module's docstring).
+    Called in a job after the fork: the fork server must not import torch's extension module (on
+    the H200 with torch 2.11, importing it there left every forked job unable to use CUDA). A job
+    started in a fresh interpreter, where torch is not imported yet, compiles as before."""
+    if "torch" not in sys.modules:
         return
+    import torch.utils.cpp_extension as cpp_extension
 
     build = cpp_extension._run_ninja_build
 

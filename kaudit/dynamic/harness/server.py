@@ -47,7 +47,6 @@ def serve(root: str) -> NoReturn:
     jail.set_dumpable(False)
     jail.become_subreaper()
     import torch
-    import torch.utils.cpp_extension  # noqa: F401 - every job wraps its build step
 
     for name in PRELOADED:
         importlib.import_module(f"{__package__}.{name}")
@@ -57,6 +56,9 @@ def serve(root: str) -> NoReturn:
     if torch.cuda.is_initialized() or "triton" in sys.modules:  # e.g. by a sitecustomize
         sys.exit("CUDA initialised or triton imported at start-up: a forked job could not set "
                  "CUDA_VISIBLE_DEVICES or TRITON_INTERPRET")
+    if _forks_poisoned(torch):
+        sys.exit("a forked job could not use CUDA (torch.cuda reports a bad fork): something "
+                 "imported at start-up asked CUDA for its devices")
 
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -104,6 +106,18 @@ def serve(root: str) -> NoReturn:
                 children[pid] = request["id"]
                 _send(replies, {"id": request["id"], "pid": pid})
         _reap(children, replies)
+
+
+def _forks_poisoned(torch) -> bool:
+    """Whether a child forked now finds CUDA unusable. Asking CUDA anything (a device count,
+    `is_available()`) registers torch's fork handler without initialising CUDA, and then every
+    job fails with "Cannot re-initialize CUDA in forked subprocess"; the server would look
+    healthy while no job could run."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def _reap(children: dict[int, int], replies: int) -> None:
