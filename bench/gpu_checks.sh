@@ -86,7 +86,8 @@ check() {
       python3 - .corpora/cudal1/h100_xsm.json bench/results/cudal1_h100_xsm.jsonl <<'PY'
 import json, sys
 entries, done = sys.argv[1:]
-done = {(str(r["level"]), r["task_id"]) for r in map(json.loads, open(done))}
+done = {(str(r["level"]), r["task_id"]) for r in map(json.loads, open(done))
+        if r.get("status") == "ok"}  # an audit cut short runs again
 rest = {level: [e for e in tasks if (level, e["task_id"]) not in done]
         for level, tasks in json.load(open(entries)).items()}
 json.dump(rest, open(".corpora/cudal1/h100_rest.json", "w"), indent=1)

@@ -145,6 +145,7 @@ class BrokenBuilds:
                         "source": source, "killed": killed})
         with run_job(job) as result:
             assert result.ok, result.describe()
+            self.phases = result.phases
             return result.value
 
     def compiled(self) -> int:
@@ -174,7 +175,9 @@ def test_a_failed_build_fails_again_in_the_next_job_without_compiling(broken_bui
     assert not (folder / FAILED).exists()
     first = attempt("int f();")
     assert first != "built" and compiled() == 2 and (folder / FAILED).is_file()
+    assert broken_builds.phases["build"] > 0, "the job says how long its builds took"
     assert attempt("int f();") == first and compiled() == 2, "the same build ran again"
+    assert "build" not in broken_builds.phases
     assert attempt("int f() { return 2; }") != "built" and compiled() == 3, \
         "another source is built"
 

@@ -208,9 +208,8 @@ def test_problems_without_torch_is_a_usage_error():
     assert "needs PyTorch" in proc.stderr and "kaudit[dynamic]" in proc.stderr
 
 
-def test_job_seconds_add_up_by_kind_and_a_kernels_report_of_its_phases_is_bounded():
-    from kaudit.dynamic.kernels import MAX_PHASES, _job_phases
-    from kaudit.dynamic.runner import RunResult, add_job_seconds, job_seconds
+def test_job_seconds_add_up_by_kind(tmp_path):
+    from kaudit.dynamic.runner import add_job_seconds, job_seconds
 
     add_job_seconds("outside", 1.0)  # no collection open: nothing to add to
     with job_seconds() as seconds:
@@ -218,13 +217,55 @@ def test_job_seconds_add_up_by_kind_and_a_kernels_report_of_its_phases_is_bounde
         add_job_seconds("timing", 0.5)
         add_job_seconds("timing", "forged")
         add_job_seconds("timing", -3)
-        # the candidate job ran the kernel, which may have rewritten what it reports
-        flood = {f"phase{n}": 0.1 for n in range(1000)} | {"x" * 500: 1e9}
-        _job_phases("candidate", RunResult(OK, value={"phase_seconds": flood}))
-        _job_phases("candidate", RunResult(OK, value={"phase_seconds": "not a dict"}))
-    assert seconds["timing"] == 2.0
-    assert len([k for k in seconds if k.startswith("candidate:")]) == MAX_PHASES
-    assert all(len(k) <= len("candidate:") + 40 for k in seconds)
+    assert seconds == {"timing": 2.0}
+
+
+PROBLEM = """
+import sys
+import time
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        time.sleep(0.3)
+        if FAIL:
+            raise RuntimeError("no")
+        return x * 2
+
+def get_inputs():
+    return [torch.randn(8)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_every_job_reports_its_phases_even_a_failed_one_and_the_report_is_bounded(tmp_path):
+    pytest.importorskip("torch", reason="the problem job needs torch")
+    from kaudit.dynamic.problems import JOB_TARGET
+    from kaudit.dynamic.runner import MAX_PHASES, job_seconds
+
+    def problem(name: str, body: str) -> Job:
+        path = tmp_path / f"{name}.py"
+        path.write_text(body)
+        return Job(JOB_TARGET, {"path": str(path), "device": "cpu", "seeds": [1],
+                                "init_seed": 0, "scales": []}, timeout=120)
+
+    with job_seconds() as seconds:
+        with run_job(problem("ok", "FAIL = False" + PROBLEM)) as ok:
+            assert ok.status == OK, ok.describe()
+        with run_job(problem("failing", "FAIL = True" + PROBLEM)) as failed:
+            assert failed.status == ERROR and failed.phase == "forward"
+    assert 0.6 <= seconds["problem:forward"] < 10, "both runs' forward, the failed one's too"
+    assert seconds["problem"] >= seconds["problem:forward"] + seconds["problem:import"]
+    # code under audit runs in the job: it may rewrite what the job reports of itself
+    flood = ("sys.modules['harness.child']._seconds.update("
+             "{f'phase{n}': 0.1 for n in range(1000)} | {'x' * 500: 1e9})\n")
+    with job_seconds() as flooded:
+        with run_job(problem("flood", "FAIL = False" + PROBLEM + flood)) as result:
+            assert result.ok, result.describe()
+    assert len([k for k in flooded if k.startswith("problem:")]) == MAX_PHASES
+    assert all(len(k) <= len("problem:") + 40 and v < 1e6 for k, v in flooded.items())
 
 
 def test_a_kernels_inputs_are_read_in_kaudit_only_when_asked_and_scaled_as_the_jobs_scale_them(

@@ -212,11 +212,13 @@ def test_cli_json_shape(tmp_path):
         ("fixtures/problems/bad_tiny_output.py", "error"),
         ("fixtures/problems/good_matmul.py", "clean")]
     assert lines[0]["findings"] == tiny["findings"] and lines[0]["seconds"] > 0
-    # where each problem's time went: the job's steps and the judging, in both
+    # where each problem's time went: the job's steps, all its runs, the judging, in both
     steps = honest["job_seconds"]
     assert {"job:import", "job:inputs", "job:forward", "job:save", "job:fp64", "job:scale",
-            "judge"} <= set(steps) and all(seconds >= 0 for seconds in steps.values())
-    assert lines[1]["job_seconds"] == steps and sum(steps.values()) <= lines[1]["seconds"]
+            "judge", "runs"} <= set(steps) and all(seconds >= 0 for seconds in steps.values())
+    job_steps = sum(s for name, s in steps.items() if name.startswith("job:"))
+    assert job_steps <= steps["runs"] <= lines[1]["seconds"] - steps["judge"]
+    assert lines[1]["job_seconds"] == steps
 
 
 def test_cli_text_markdown_and_sarif(tmp_path):

@@ -73,9 +73,8 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     DynamicOptions,
 )
 from kaudit.dynamic.profiling import attribute, profile_job
-from kaudit.dynamic.runner import (MAX_PHASES, Job, OutputError, RunResult,  # noqa: F401
-                                   SharedInputs, add_job_seconds, job_seconds, phase_seconds,
-                                   run_job, share_inputs)
+from kaudit.dynamic.runner import (Job, OutputError, RunResult, SharedInputs, add_job_seconds,
+                                   job_seconds, run_job, share_inputs)
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.shapes import shape_sweep, timed_sweep
 from kaudit.dynamic.timing import measure, timing_job
@@ -429,7 +428,6 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 f"{reference_result.describe()}{memory_note(reference_result, memory)}",
                 **failure_metrics(reference_result))
             return
-        _job_phases("reference", reference_result)
         keys = [f"s{index}" for index in range(len(scales))]
         loading = time.monotonic()
         try:
@@ -468,7 +466,6 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                              "calls": schedule.randint(*options.calls)},
                           env=env, inputs=shared, visible=visible, writable=(build,), **limits)
                 with run_job(job) as candidate:
-                    _job_phases("candidate", candidate)
                     judging = time.monotonic()
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
                                     reference_left, interpreted)
@@ -543,15 +540,6 @@ def _reference_mutations(result: RunResult) -> dict[str, list] | None:
         if file in result.files():
             left[name] = list(result.load(file))
     return left
-
-
-def _job_phases(kind: str, result: RunResult) -> None:
-    """A job's phases (the candidate's import: the compile; forward ...; the reference's inputs,
-    saves ...) into `job_seconds` as `<kind>:<phase>`; the candidate job ran the kernel, so what
-    it reports is bounded (names, count, numbers)."""
-    value = result.value if isinstance(result.value, dict) else {}
-    for name, seconds in phase_seconds(value.get("phase_seconds"), kind).items():
-        add_job_seconds(name, seconds)
 
 
 def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:

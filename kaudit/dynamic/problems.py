@@ -38,7 +38,7 @@ from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers i
     summarize,
 )
 from kaudit.dynamic.problems_analysis import Finder, analyse
-from kaudit.dynamic.runner import Job, run_job
+from kaudit.dynamic.runner import Job, job_seconds, run_job
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.findings import ScanError, assign_fingerprints
 from kaudit.source import split_lines
@@ -178,7 +178,8 @@ def audit_problems(paths: Iterable[str], options: Options,
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         started = time.monotonic()
         try:
-            with slots.take() if slots else contextlib.nullcontext() as gpu, \
+            with job_seconds() as runs, \
+                    slots.take() if slots else contextlib.nullcontext() as gpu, \
                     run_job(Job(JOB_TARGET, {
                         "path": os.path.abspath(file), "device": device,
                         "seeds": options.seed_values(), "init_seed": options.init_seed,
@@ -189,6 +190,9 @@ def audit_problems(paths: Iterable[str], options: Options,
                 judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
                 problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)
+            # the steps above are the last run's; every run of the job, a run that ran out of
+            # GPU memory before a wider one included, waits for memory too
+            problem.job_seconds["runs"] = round(runs.get("problem", 0.0), 3)
         except SandboxError:
             raise
         except Exception as exc:  # a full disk, or a kaudit bug: not run, said so; the run goes on

@@ -129,6 +129,9 @@ class RunResult:
     gpu_note: str = ""
     #: seconds it waited for GPU memory and locks before its runs (`gpu_share.run_claimed`)
     gpu_wait_s: float = 0.0
+    #: the job's own report of its phases' seconds (`build`, `import`, `forward` ...), bounded
+    #: (`phase_seconds`): it may have run code under audit
+    phases: dict[str, float] = field(default_factory=dict)
     _root: Path | None = field(default=None, repr=False)
 
     @property
@@ -299,18 +302,18 @@ def job_seconds() -> Iterator[dict[str, float]]:
         _job_seconds.reset(token)
 
 
-#: a job's phases read into `job_seconds` (the kernel and problem jobs have at most eleven)
-MAX_PHASES = 12
+#: a job's phases read into `job_seconds` (the kernel and problem jobs have at most twelve)
+MAX_PHASES = 16
 
 
-def phase_seconds(phases: Any, prefix: str) -> dict[str, float]:
-    """A job's own report of its phases (`{name: seconds}`) as `{prefix:name: seconds}`, bounded:
-    the job ran code under audit, so at most MAX_PHASES names of 40 characters, and numbers
-    only."""
+def phase_seconds(phases: Any, prefix: str = "") -> dict[str, float]:
+    """A job's own report of its phases (`{name: seconds}`) as `{prefix:name: seconds}` (`name`
+    without a prefix), bounded: the job may have run code under audit, so at most MAX_PHASES
+    names of 40 characters, and numbers only."""
     found: dict[str, float] = {}
     for name, seconds in list(phases.items() if isinstance(phases, dict) else ())[:MAX_PHASES]:
         if isinstance(seconds, (int, float)) and 0 <= seconds < 1e6:
-            key = f"{prefix}:{str(name)[:40]}"
+            key = f"{prefix}:{str(name)[:40]}" if prefix else str(name)[:40]
             found[key] = found.get(key, 0.0) + float(seconds)
     return found
 
@@ -357,7 +360,11 @@ def _run_once(job: Job) -> RunResult:
     root = scratch.folder()
     cgroup = sandbox.job_cgroup(job.memory_limit)
     try:
-        return _run(job, root, confined, cgroup)
+        result = _run(job, root, confined, cgroup)
+        # every run's phases, a run that ran out of GPU memory before its retry included
+        for name, seconds in phase_seconds(result.phases, _kind(job.target)).items():
+            add_job_seconds(name, seconds)
+        return result
     except BaseException:
         scratch.remove(root)
         raise
@@ -475,6 +482,8 @@ def _interpret(result: RunResult, result_path: Path, timed_out: bool) -> None:
         data = json.loads(result_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = None
+    if isinstance(data, dict):
+        result.phases = phase_seconds(data.get("phase_seconds"))
     if timed_out:
         result.status = TIMEOUT
         result.error = f"no result within {result.wall_s:.0f} s"

@@ -17,10 +17,11 @@ A job is three processes (two without the sandbox):
 - the job: dies with its parent, gets its resource limits (RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE,
   RLIMIT_NPROC, no core files), drops its capabilities, seeds the random generators and calls
   `function(args, out_dir)`; it writes `{"ok": true, "value": ...}` or `{"ok": false, "phase",
-  "type", "message", "traceback", "oom"}` to the result file the supervisor opened and leaves with
-  `os._exit`, so atexit hooks and stray threads cannot keep it alive.
+  "type", "message", "traceback", "oom"}`, with `phase_seconds`, to the result file the
+  supervisor opened and leaves with `os._exit`, so atexit hooks and stray threads cannot keep it alive.
 
-Jobs mark what they are doing with `with phase("init"):`; an error reports the innermost phase.
+Jobs mark what they are doing with `with phase("init"):`; an error reports the innermost phase, and
+every phase is timed (`build`: torch's extension builds, in every job).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from typing import Any, NoReturn
 from . import failed_builds, jail
 
 _phases: list[str] = ["job"]
+#: seconds spent in each phase (a nested phase counts in its own and in the enclosing one), sent
+#: with the result as `phase_seconds`: where a job's time goes
+_seconds: dict[str, float] = {}
 
 OOM_TYPES = ("OutOfMemoryError", "MemoryError")
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory",
@@ -61,10 +65,12 @@ TRACES = ("audit",)
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Name the step a job is in; an exception escaping it is reported with this name."""
+    """Name the step a job is in, and time it; an exception escaping it is reported with this
+    name."""
     _phases.append(name)
     try:
-        yield
+        with timed(name):
+            yield
     except BaseException as exc:
         if not hasattr(exc, "job_phase"):
             with contextlib.suppress(Exception):
@@ -72,6 +78,16 @@ def phase(name: str) -> Iterator[None]:
         raise
     finally:
         _phases.pop()
+
+
+@contextlib.contextmanager
+def timed(name: str) -> Iterator[None]:
+    """Count the seconds spent inside as `name` in the job's `phase_seconds`."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        _seconds[name] = _seconds.get(name, 0.0) + time.monotonic() - started
 
 
 def current_phase() -> str:
@@ -422,7 +438,7 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
         jail.drop_privileges()
         faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
         with phase("job-import"):
-            failed_builds.remember_failed_builds()
+            failed_builds.remember_failed_builds(timed)
             function = _resolve(spec["target"])
         with phase("seed"):
             _seed(int(spec.get("seed", 0)))
@@ -431,6 +447,7 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
         code = 1
         outcome = _failure(getattr(exc, "job_phase", current_phase()), exc)
+    outcome["phase_seconds"] = {name: round(seconds, 3) for name, seconds in _seconds.items()}
     try:
         _write_result(result, outcome)
     except Exception as exc:  # noqa: BLE001 - the value was not JSON: say so, in JSON

@@ -19,7 +19,8 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ContextManager
 
 FAILED = ".failed-build.json"
 #: a failure that says the machine, not the code, stopped the compiler is not kept: the next
@@ -56,8 +57,9 @@ def _known_failure(folder: str, digest: str) -> str | None:
         return None
 
 
-def remember_failed_builds() -> None:
-    """Make torch's JIT extension builds remember their failures (see the module's docstring).
+def remember_failed_builds(timed: Callable[[str], ContextManager[Any]]) -> None:
+    """Make torch's JIT extension builds remember their failures (see the module's docstring),
+    each build timed as `timed("build")`.
     Called in a job after the fork: the fork server must not import torch's extension module (on
     the H200 with torch 2.11, importing it there left every forked job unable to use CUDA). A job
     started in a fresh interpreter, where torch is not imported yet, compiles as before."""
@@ -72,12 +74,14 @@ def remember_failed_builds() -> None:
         try:
             digest = _digest(build_directory)
         except OSError:
-            return build(build_directory, *args, **kwargs)
+            with timed("build"):
+                return build(build_directory, *args, **kwargs)
         message = _known_failure(build_directory, digest)
         if message is not None:
             raise RuntimeError(message)
         try:
-            return build(build_directory, *args, **kwargs)
+            with timed("build"):
+                return build(build_directory, *args, **kwargs)
         except RuntimeError as exc:
             if not _TRANSIENT.search(str(exc)):
                 with contextlib.suppress(OSError), \

@@ -62,22 +62,14 @@ DEFERRED_WAIT = (0.25, 0.75)
 _out_dir: list[str] = []
 
 
-#: seconds spent in each phase of this job (`phase_seconds` in its result): where its time goes
-_phase_seconds: dict[str, float] = {}
-
-
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """`child.phase`, also recorded in the output folder's PHASE_FILE, and timed."""
+    """`child.phase`, also recorded in the output folder's PHASE_FILE."""
     if _out_dir:
         with open(os.path.join(_out_dir[0], PHASE_FILE), "w", encoding="utf-8") as handle:
             handle.write(name)
-    started = time.monotonic()
-    try:
-        with _phase(name):
-            yield
-    finally:
-        _phase_seconds[name] = _phase_seconds.get(name, 0.0) + time.monotonic() - started
+    with _phase(name):
+        yield
 
 
 def run_reference(args: dict, out_dir: str) -> dict:
@@ -143,8 +135,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
             scales[key] = {"scale": factor, "fp64": False,
                            "fp64_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return {"shapes": shapes, "scales": scales, "torch": torch.__version__,
-            "init_handed_over": handed_over, "mutates_inputs": mutates,
-            "phase_seconds": {name: round(t, 3) for name, t in _phase_seconds.items()}}
+            "init_handed_over": handed_over, "mutates_inputs": mutates}
 
 
 def _hand_over(torch: Any, init_inputs: Any, model: Any, out_dir: str) -> bool:
@@ -319,7 +310,6 @@ def run_candidate(args: dict, out_dir: str) -> dict:
             after_call(source, inputs, threads.running)
     info["calls"] = number
     info.update(counters)
-    info["phase_seconds"] = {name: round(seconds, 3) for name, seconds in _phase_seconds.items()}
     for index, masks in output_oob.items():
         real_save(masks, os.path.join(out_dir, f"oob{index}.pt"))
     guards = state_of.get("guards")
