@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kaudit.dynamic import gpu_share, problems, runner, sandbox, scratch
+from kaudit.dynamic import gpu_share, host_memory, problems, runner, sandbox, scratch
 from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, WIDE_SHARE, GpuClaim, GpuMemory
 from kaudit.dynamic.runner import ERROR, OK, OOM, Job, RunResult, run_job
+from kaudit.dynamic.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = ROOT / "fixtures" / "problems" / "good_matmul.py"
@@ -231,6 +232,23 @@ def test_a_job_whose_share_is_already_wide_goes_straight_to_running_alone():
     assert result.ok and result.retried_alone and launch.alone == [False, True]
 
 
+def test_the_next_job_of_a_kernel_starts_where_the_last_one_fit():
+    claim = GpuClaim("0", 0.1)
+    first = FakeLaunch(OOM, OK)
+    assert gpu_share.run_claimed(Job("x:y"), claim, first).ok
+    second = FakeLaunch(OK)
+    assert gpu_share.run_claimed(Job("x:y"), claim, second).ok
+    assert second.fractions == [WIDE_SHARE], "no second failure at the share it did not fit"
+    third = FakeLaunch(OOM, OK)
+    assert gpu_share.run_claimed(Job("x:y"), claim, third).ok
+    fourth = FakeLaunch(OK)
+    result = gpu_share.run_claimed(Job("x:y"), claim, fourth)
+    assert result.ok and result.retried_alone and fourth.alone == [True]
+    other = FakeLaunch(OK)
+    assert gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1), other).ok
+    assert other.fractions == [0.1], "another kernel's claim starts at its share"
+
+
 def test_a_last_out_of_memory_failure_is_reported_with_what_was_free(monkeypatch):
     monkeypatch.setattr(gpu_share, "_nvidia_smi", lambda: {
         "0": GpuMemory("GPU-aaaa", 100 << 30, 140 << 30)})
@@ -255,7 +273,7 @@ def reserve_in_thread(book, fraction: float, wide: bool):
 
 
 def test_a_wide_run_waits_for_room_and_later_jobs_wait_behind_it():
-    book = gpu_share._Ledger()
+    book = Ledger(GPU_MEMORY_SHARE)
     share = GPU_MEMORY_SHARE / 4
     held = [reserve_in_thread(book, share, wide=False) for _ in range(4)]
     assert all(granted.wait(10) for granted, _ in held), "jobs at their share do not wait"
@@ -434,3 +452,51 @@ def test_inputs_are_moved_once_and_shared_read_only(jobs, tmp_path):
     finally:
         scratch.remove(shared.folder)
     assert not shared.folder.exists()
+
+
+# -- what the audits hold in kaudit's own memory ---------------------------------------------------
+
+
+class RecordingLedger(Ledger):
+    def __init__(self, capacity: float) -> None:
+        super().__init__(capacity)
+        self.asked: list[float] = []
+
+    def reserve(self, amount: float, wide: bool = True):
+        self.asked.append(amount)
+        return super().reserve(amount, wide)
+
+
+def test_audits_wait_for_room_in_kaudits_memory_and_one_larger_than_all_runs_alone(monkeypatch):
+    book = RecordingLedger(100.0)
+    monkeypatch.setattr(host_memory, "_ledger", book)
+    with host_memory.holding(30) as waited:  # 60 of 100 held
+        assert waited < 1
+        second, release_second = reserve_in_thread(book, 60, wide=True)
+        assert not second.wait(0.3), "no room for a second audit of that size"
+    assert second.wait(10), "room once the first audit ended"
+    huge, release_huge = reserve_in_thread(book, 500, wide=True)
+    try:
+        assert not huge.wait(0.3), "larger than the whole: it waits to be alone"
+        release_second.set()
+        assert huge.wait(10)
+    finally:
+        release_second.set()
+        release_huge.set()
+
+
+def test_an_audit_reserves_twice_its_reference_outputs_and_gives_them_back(monkeypatch, tmp_path):
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import kernels
+    from kaudit.dynamic.options import DynamicOptions
+
+    book = RecordingLedger(float(1 << 40))
+    monkeypatch.setattr(host_memory, "_ledger", book)
+    kernel = ROOT / "fixtures" / "dynamic" / "good_pytorch_linear" / "kernel.py"
+    run = kernels.audit_kernel(str(kernel), "kernel.py", kernel.read_text(),
+                               DynamicOptions(device="cpu", timeout=240,
+                                              extensions_dir=str(tmp_path)), "cpu")
+    assert run.status == "ok"
+    # the outputs of both input sets and of each scale, float64 copies included: kilobytes
+    assert len(book.asked) == 1 and 4 * 1024 < book.asked[0] < 1 << 20
+    assert book.held == 0 and "memory_wait" in run.metrics["job_seconds"]

@@ -100,6 +100,13 @@ def big(args, out_dir):
 
 def sleep(args, out_dir):
     time.sleep(args["seconds"])
+
+def oom_score(args, out_dir):
+    def adjust(value):
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write(value)
+    return {"adj": open("/proc/self/oom_score_adj").read().strip(),
+            "below_kaudit": _try(lambda: adjust("-1000"))}
 '''
 
 
@@ -347,6 +354,18 @@ def test_a_full_disk_during_the_dynamic_pass_is_kd504_and_the_scan_goes_on(tmp_p
     assert sorted(dynamic) == [("first", "KD504"), ("second", "KD504")], report["findings"]
     assert all("No space left on device" in f["message"] for f in report["findings"]
                if f["rule"] == "KD504")
+
+
+@pytest.mark.parametrize("confined", ["off", "auto"])
+def test_the_host_kills_a_job_before_kaudit_when_memory_runs_out(jobs, mode, confined):
+    """On a GPU run a job has no memory cap of its own; one that fills the host's memory must
+    cost its own audit, not the kaudit process and every audit in it."""
+    mode(confined)
+    seen = run(jobs, "oom_score")
+    assert seen["adj"] == "1000"
+    assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000", "kaudit is spared"
+    assert seen["below_kaudit"].startswith("PermissionError"), \
+        "a hostile job may take its score back to where it started, never below"
 
 
 def test_a_job_cannot_read_the_memory_of_kaudit_or_its_server(jobs, mode):

@@ -15,7 +15,7 @@ process, never in a job.
   owns the GPU.
 - A job whose failure looks like running out of memory (`looks_oom`) runs again with a wider
   cap, `WIDE_SHARE` (half of what this process may take), beside this process's other jobs: it
-  waits in this process's `_Ledger` until the jobs running leave it that much, and jobs that come
+  waits in this process's `Ledger` of that GPU until the jobs running leave it that much, and jobs that come
   after it wait behind it. KernelBench level 1 has dozens of problems that need more than an
   eighth of an H200 and fit in half of it; draining the whole GPU for each of them made the
   audit of the level run one problem at a time.
@@ -39,11 +39,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kaudit.dynamic.ledger import Ledger
 
 #: share of a GPU's memory the jobs of one kaudit process may take together (caching allocator)
 GPU_MEMORY_SHARE = 0.9
@@ -59,13 +60,18 @@ _OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda_error_out_of_memory",
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-@dataclass(frozen=True)
+@dataclass
 class GpuClaim:
-    """A job's GPU: `device` its CUDA_VISIBLE_DEVICES entry, `share` the most of the GPU's memory
-    it may take (a fraction) beside this process's other jobs."""
+    """The GPU of one kernel's (or problem's) jobs: `device` its CUDA_VISIBLE_DEVICES entry,
+    `share` the most of the GPU's memory a job may take (a fraction) beside this process's other
+    jobs. `step`: where on the ladder share, WIDE_SHARE, alone the next job starts; a job that
+    ran out of memory lower leaves it where it ran, since the same kernel and problem need about
+    as much again in the next job (each of the four jobs of an audit otherwise failed at its
+    share before waiting for a wider one)."""
 
     device: str
     share: float = GPU_MEMORY_SHARE
+    step: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,49 +241,14 @@ def holding(device: str, exclusive: bool) -> Iterator[None]:
         os.close(gate)
 
 
-class _Ledger:
-    """This process's use of one GPU, as fractions of its memory. Requests are granted in order
-    of arrival, so a wide request is not starved by the jobs that keep coming. A job at its share
-    never waits unless a wide job holds or waits for its memory; a wide job waits until what is
-    held leaves it room (or nothing is held)."""
-
-    def __init__(self) -> None:
-        self.held = 0.0
-        self.wide_held = 0
-        self.waiting: deque[object] = deque()
-        self.changed = threading.Condition()
-
-    def _fits(self, fraction: float, wide: bool) -> bool:
-        if not wide and not self.wide_held:
-            return True
-        return self.held == 0 or self.held + fraction <= GPU_MEMORY_SHARE + 1e-9
-
-    @contextlib.contextmanager
-    def reserve(self, fraction: float, wide: bool) -> Iterator[None]:
-        ticket = object()
-        with self.changed:
-            self.waiting.append(ticket)
-            self.changed.wait_for(lambda: self.waiting[0] is ticket and self._fits(fraction, wide))
-            self.waiting.popleft()
-            self.held += fraction
-            self.wide_held += wide
-            self.changed.notify_all()
-        try:
-            yield
-        finally:
-            with self.changed:
-                self.held -= fraction
-                self.wide_held -= wide
-                self.changed.notify_all()
-
-
-_ledgers: dict[str, _Ledger] = {}
+_ledgers: dict[str, Ledger] = {}
 _ledgers_lock = threading.Lock()
 
 
-def ledger(device: str) -> _Ledger:
+def ledger(device: str) -> Ledger:
+    """This process's use of one GPU, in fractions of its memory."""
     with _ledgers_lock:
-        return _ledgers.setdefault(device, _Ledger())
+        return _ledgers.setdefault(device, Ledger(GPU_MEMORY_SHARE))
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -333,13 +304,17 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
         return result
 
     shares = [claim.share] + ([WIDE_SHARE] if claim.share < WIDE_SHARE else [])
-    for share in shares:
+    for step, share in enumerate(shares):
+        if step < claim.step:
+            continue
         with timed(ledger(claim.device).reserve(share, wide=share != claim.share),
                    holding(claim.device, exclusive=False)):
             result = launch(capped(share))
         if not looks_oom(result):
+            claim.step = step
             return finish(result)
         result.close()
+    claim.step = len(shares)
     with timed(holding(claim.device, exclusive=True)):
         forget_measurements()  # what the neighbours held is free now
         job_alone = capped(None)

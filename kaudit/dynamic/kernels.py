@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic import adapted, scratch
+from kaudit.dynamic import adapted, host_memory, scratch
 from kaudit.dynamic.attribution import OwnKernels
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots
@@ -410,8 +410,9 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     env: dict[str, str] = {}
     limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
               "cpu_limit": cpu_seconds, "gpu": gpu}
-    with run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
-                     **limits)) as reference_result:
+    with contextlib.ExitStack() as held, \
+            run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
+                        **limits)) as reference_result:
         if not reference_result.ok:
             run.status = "reference-failed"
             if reference_result.phase is None:
@@ -429,6 +430,9 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 **failure_metrics(reference_result))
             return
         keys = [f"s{index}" for index in range(len(scales))]
+        outputs = sum(reference_result.path(name).stat().st_size
+                      for name in reference_result.files() if name.startswith("ref"))
+        add_job_seconds("memory_wait", held.enter_context(host_memory.holding(outputs)))
         loading = time.monotonic()
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}

@@ -205,6 +205,7 @@ def _supervise(spec: dict, result: int) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the job exists to be killed
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     jail.die_with_parent(signal.SIGTERM)
+    jail.first_to_kill_when_memory_runs_out()
     if spec.get("cgroup"):  # the job's memory cgroup: joined first, so all it starts is in it
         try:
             with open(spec["cgroup"], "w", encoding="ascii") as handle:

@@ -17,6 +17,7 @@ sandbox cannot be built here (None when it can).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -73,6 +74,18 @@ def set_dumpable(dumpable: bool) -> None:
 
 def die_with_parent(signal_number: int) -> None:
     prctl(PR_SET_PDEATHSIG, signal_number)
+
+
+def first_to_kill_when_memory_runs_out() -> None:
+    """The host's out-of-memory killer picks this process, and all it starts, before any
+    other: a job that fills the host's memory (its own, or with its neighbours': a GPU job has
+    no memory cap) loses itself, not the parent that holds every other job's results. Raising
+    one's own score needs no privilege. Without CAP_SYS_RESOURCE here (a container) a hostile
+    job may lower it back to the score it started with, never below: it can make itself as
+    likely a victim as the parent, not more protected."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/oom_score_adj", "w", encoding="ascii") as handle:
+            handle.write("1000")
 
 
 def become_subreaper() -> None:
