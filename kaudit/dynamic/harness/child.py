@@ -462,15 +462,34 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
     os._exit(code)
 
 
+#: torch's file writer after a short write, which names no cause: a full disk, or the job's file
+#: size limit
+SHORT_WRITE = "unexpected pos"
+#: free bytes under which a short write is put down to a full disk
+NEARLY_FULL = 64 << 20
+
+
 def _failure(where: str, exc: BaseException) -> dict[str, Any]:
     number = getattr(exc, "errno", None)
     if number is None:  # torch's own writer raises RuntimeError with the C library's text
         number = next((n for n in (errno.ENOSPC, errno.EDQUOT) if os.strerror(n) in str(exc)),
                       None)
+    if number is None and SHORT_WRITE in str(exc):
+        # asked now, while the disk is still full: the parent looks only after the job, when
+        # other jobs' folders may have gone
+        number = errno.ENOSPC if _free_bytes(".") < NEARLY_FULL else errno.EFBIG
     return {"ok": False, "phase": where, "type": type(exc).__name__,
             "message": str(exc)[:4000],
             "traceback": "".join(traceback.format_exception(exc))[-8000:],
             "oom": is_oom(exc), "errno": number}
+
+
+def _free_bytes(path: str) -> int:
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return 1 << 62
+    return found.f_bavail * found.f_frsize
 
 
 def _write_result(fd: int, data: dict) -> None:
