@@ -500,3 +500,35 @@ def test_an_audit_reserves_twice_its_reference_outputs_and_gives_them_back(monke
     # the outputs of both input sets and of each scale, float64 copies included: kilobytes
     assert len(book.asked) == 1 and 4 * 1024 < book.asked[0] < 1 << 20
     assert book.held == 0 and "memory_wait" in run.metrics["job_seconds"]
+
+
+# -- problems sized before they run ------------------------------------------------------------
+
+
+def test_a_job_sized_to_need_more_than_its_share_asks_for_that_first():
+    launch = FakeLaunch(OK)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=0.3), launch)
+    assert result.ok and launch.fractions == [0.3]
+    larger = FakeLaunch(OOM, OK)
+    assert gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=2.0), larger).ok
+    assert larger.fractions == [WIDE_SHARE, GPU_MEMORY_SHARE] and larger.alone == [False, True]
+    small = FakeLaunch(OOM, OK)
+    assert gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=0.01), small).ok
+    assert small.fractions == [0.1, WIDE_SHARE], "a small need is no reason to ask less"
+
+
+def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
+    pytest.importorskip("torch", reason="the sizing job needs torch")
+    total = 100 << 30
+    monkeypatch.setattr(problems, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(problems, "gpu_memory", lambda device: GpuMemory("GPU-a", total, total))
+    folder = ROOT / "fixtures" / "problems"
+    files = [str(folder / "good_matmul.py"), str(folder / "bad_raises_in_init.py")]
+    from kaudit.dynamic.tolerance import PRESETS
+
+    needs = problems.gpu_needs(files, problems.Options(PRESETS["kernelbench"], device="cuda"))
+    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters
+    inputs, outputs = 2 * 64 * 128 * 4, 64 * 64 * 4
+    expected = problems.PEAK_MARGIN * (problems.PEAK_INPUTS * inputs
+                                       + problems.PEAK_OUTPUTS * outputs) / total
+    assert needs == {files[0]: pytest.approx(expected)}, "a problem that cannot be sized is left out"

@@ -72,6 +72,10 @@ class GpuClaim:
     device: str
     share: float = GPU_MEMORY_SHARE
     step: int = 0
+    #: what the job was sized to need beforehand (a fraction; `kaudit problems`), asked for
+    #: first when it is more than `share` (at most WIDE_SHARE), so the job does not first run out
+    #: of memory at its share
+    need: float | None = None
 
 
 @dataclass(frozen=True)
@@ -303,7 +307,8 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
         result.gpu_wait_s = round(waited, 3)
         return result
 
-    shares = [claim.share] + ([WIDE_SHARE] if claim.share < WIDE_SHARE else [])
+    first = claim.share if claim.need is None else max(claim.share, min(claim.need, WIDE_SHARE))
+    shares = [first] + ([WIDE_SHARE] if first < WIDE_SHARE else [])
     for step, share in enumerate(shares):
         if step < claim.step:
             continue

@@ -22,14 +22,14 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
-from kaudit.dynamic.gpu_share import GpuSlots
+from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
@@ -123,6 +123,44 @@ def model_line(file: str) -> tuple[int, list[str]]:
 
 # -- running ---------------------------------------------------------------------------------
 
+#: a problem job's peak GPU memory in multiples of its model's parameters, its inputs and its
+#: outputs: the model and a float64 copy of it; the first inputs kept beside the current ones, and
+#: cast to float64; float64 outputs and what forward makes on the way; then room for the caching
+#: allocator. On KernelBench level 1 this asks more than an eighth of an H200 for 52 problems, of
+#: which 44 had run out of memory at an eighth.
+PEAK_PARAMS, PEAK_INPUTS, PEAK_OUTPUTS, PEAK_MARGIN = 3, 3, 4, 1.25
+SIZES_TARGET = "problem_sizes:size_problems"
+
+
+def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str, float]:
+    """The share of the GPU each KernelBench-shaped problem file is expected to need (by path),
+    from one CPU job that sizes them all on torch's meta device in seconds; problems it could
+    not size, and every problem when it fails, are left out (they start at their share)."""
+    paths = [os.path.abspath(f) for f in files if isinstance(f, str)]
+    gpus = visible_gpus()
+    memory = gpu_memory(gpus[0]) if gpus and paths else None
+    if memory is None or memory.total <= 0:
+        return {}
+    job = Job(SIZES_TARGET, {"paths": paths, "init_seed": options.init_seed}, timeout=timeout,
+              env={"CUDA_VISIBLE_DEVICES": ""},
+              visible=tuple(sorted({os.path.dirname(path) for path in paths})))
+    with run_job(job) as result:
+        sizes = (result.value or {}).get("sizes") if result.ok else None
+    needs = {}
+    for path, size in (sizes.items() if isinstance(sizes, dict) else ()):
+        parts = [size.get(key) if isinstance(size, dict) else None
+                 for key in ("params", "inputs", "outputs")]
+        params, inputs, outputs = (p if isinstance(p, int) and p >= 0 else None for p in parts)
+        if path in paths and params is not None and inputs is not None:
+            peak = PEAK_PARAMS * params + PEAK_INPUTS * inputs + PEAK_OUTPUTS * (
+                outputs if outputs is not None else inputs)
+            needs[path] = PEAK_MARGIN * peak / memory.total
+    return needs
+
+
+def _key(file: str | BenchmarkProblem) -> str:
+    return os.path.abspath(file) if isinstance(file, str) else ""
+
 
 def resolve_device(requested: str) -> str:
     """"auto" -> "cuda" when torch sees a CUDA device, else "cpu". Raises ValueError for an
@@ -152,6 +190,7 @@ def audit_problems(paths: Iterable[str], options: Options,
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     slots = GpuSlots(options.jobs) if device == "cuda" else None
     budget = scratch.start_budget(options.temp_limit)
+    needs = gpu_needs(files, options) if slots and len(files) > 1 else {}
 
     def one(file: str | BenchmarkProblem) -> ProblemResult:
         if not isinstance(file, BenchmarkProblem):
@@ -171,6 +210,17 @@ def audit_problems(paths: Iterable[str], options: Options,
         finally:
             scratch.remove(folder)
 
+    @contextlib.contextmanager
+    def claimed(file: str) -> Iterator[GpuClaim | None]:
+        """The problem's GPU, asking first for the share it was sized to need."""
+        if slots is None:
+            yield None
+            return
+        with slots.take() as gpu:
+            if gpu is not None:
+                gpu.need = needs.get(os.path.abspath(file))
+            yield gpu
+
     def run(file: str, shown: str, model: tuple[int, list[str]], options: Options
             ) -> ProblemResult:
         line, lines = model
@@ -178,8 +228,7 @@ def audit_problems(paths: Iterable[str], options: Options,
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         started = time.monotonic()
         try:
-            with job_seconds() as runs, \
-                    slots.take() if slots else contextlib.nullcontext() as gpu, \
+            with job_seconds() as runs, claimed(file) as gpu, \
                     run_job(Job(JOB_TARGET, {
                         "path": os.path.abspath(file), "device": device,
                         "seeds": options.seed_values(), "init_seed": options.init_seed,
@@ -214,10 +263,14 @@ def audit_problems(paths: Iterable[str], options: Options,
                 on_problem(done, total, report.problems[-1])
     else:
         with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-            for done, problem in enumerate(pool.map(one, files), start=1):
-                report.problems.append(problem)
+            # the largest first, so that none of them starts last and runs alone at the end;
+            # reported in the order of the files
+            started = {id(file): pool.submit(one, file) for file in
+                       sorted(files, key=lambda f: -needs.get(_key(f), 0.0))}
+            for done, file in enumerate(files, start=1):
+                report.problems.append(started[id(file)].result())
                 if on_problem:
-                    on_problem(done, total, problem)
+                    on_problem(done, total, report.problems[-1])
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems
                       if p.error and p.error.startswith("internal error")]
     report.summary = summarize(report.problems)

@@ -1,0 +1,48 @@
+"""The sizing job of `problems` on a GPU: for each problem file, the bytes of its parameters, its
+inputs and its outputs, found on torch's meta device (shapes and dtypes, no memory, no GPU), so
+that the parent can give each problem's job the share of the GPU it will need before it runs,
+instead of after it ran out of memory at a smaller one.
+
+Runs inside a job on the CPU. A problem that cannot be sized (its inputs made from NumPy, a
+data-dependent shape, an explicit device) is recorded with its error; its outputs alone may be
+unknown (`outputs` None) when only its forward failed on the meta device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .child import import_file, phase
+
+
+def size_problems(args: dict, out_dir: str) -> dict:
+    import torch
+
+    sizes = {}
+    for index, path in enumerate(args["paths"]):
+        with phase("size"):
+            sizes[path] = _size(torch, f"problem_{index}", path, int(args.get("init_seed", 42)))
+    return {"sizes": sizes}
+
+
+def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
+    found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None, "error": None}
+    try:
+        module = import_file(name, path)
+        torch.manual_seed(init_seed)
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+            inputs = list(module.get_inputs())
+        found["params"] = _bytes(torch, [*model.parameters(), *model.buffers()])
+        found["inputs"] = _bytes(torch, inputs)
+        with torch.no_grad():
+            result = model(*inputs)
+        found["outputs"] = _bytes(torch, list(result) if isinstance(result, (list, tuple))
+                                  else [result])
+    except Exception as exc:  # noqa: BLE001 - an unsized problem runs as before
+        found["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return found
+
+
+def _bytes(torch: Any, values: list) -> int:
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
