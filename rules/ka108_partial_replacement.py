@@ -77,10 +77,11 @@ class PartialReplacement(Rule):
             remaining.setdefault(f"{call.evidence} in {call.place}", line)
         if not remaining:
             return
-        shown = [f"{description} (line {line})"
-                 for description, line in list(remaining.items())[:_SHOWN]]
+        # in source order: the order they were found in varied between identical files
+        ordered = sorted(remaining.items(), key=lambda item: (item[1], item[0]))
+        shown = [f"{description} (line {line})" for description, line in ordered[:_SHOWN]]
         more = f" and {len(remaining) - _SHOWN} more" if len(remaining) > _SHOWN else ""
         yield self.report(model, model.header_location(analysis.forward),
                           f"custom kernels do part of the work; {len(remaining)} library op(s) "
                           f"remain on the forward path: {'; '.join(shown)}{more}",
-                          ops=list(remaining))
+                          ops=[description for description, _ in ordered])

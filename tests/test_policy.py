@@ -158,3 +158,19 @@ def test_unseen_kernels_count_as_real_work():
         ''')
     assert CustomWork(SourceModel("k.py", code)).real_work
     assert {f.rule for f in scan_source(code)} & {"KA101", "KA108"} == {"KA108"}
+
+
+def test_partial_replacement_lists_the_remaining_ops_in_source_order():
+    """Ops are found by walking from forward (a helper's after forward's own); the message lists
+    them by line, so identical files get identical messages."""
+    source = PARTIAL.read_text().replace(
+        "class ModelNew(nn.Module):",
+        "def _normalise(y):\n    return torch.nn.functional.layer_norm(y, y.shape[-1:])\n\n\n"
+        "class ModelNew(nn.Module):").replace(
+        "        return out\n", "        return _normalise(out)\n")
+    found = [f for f in scan_source(source, "kernel.py", Config(policy="kernelbench"))
+             if f.rule == "KA108"]
+    assert len(found) == 1
+    ops = found[0].metrics["ops"]
+    assert len(ops) == 2 and "layer_norm" in ops[0] and "Linear" in ops[1], ops
+    assert found[0].message.index("layer_norm") < found[0].message.index("Linear")
