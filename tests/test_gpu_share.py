@@ -532,3 +532,28 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     expected = problems.PEAK_MARGIN * (problems.PEAK_INPUTS * inputs
                                        + problems.PEAK_OUTPUTS * outputs) / total
     assert needs == {files[0]: pytest.approx(expected)}, "a problem that cannot be sized is left out"
+
+
+def test_jobs_that_say_what_they_write_wait_for_room_instead_of_failing(jobs):
+    """Folders are measured when their jobs end: two jobs that each write 5 MiB at once under an
+    8 MiB limit both finished over it. Reserving first, the second waits for the first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kaudit.dynamic.runner import job_seconds
+
+    scratch.start_budget(8 << 20)
+
+    def write(_: int) -> tuple[bool, str, dict]:
+        with job_seconds() as seconds:
+            with run_job(Job(f"{jobs}:write", {"files": 5, "bytes": 1 << 20}, timeout=60,
+                             disk_estimate=5 << 20)) as result:
+                time.sleep(0.5)  # its result stays open a while, as a judged kernel's does
+                return result.ok, result.describe(), seconds
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(pool.map(write, range(2)))
+    assert all(ok for ok, _, _ in outcomes), [why for _, why, _ in outcomes]
+    waits = sorted(seconds["disk_wait"] for _, _, seconds in outcomes)
+    assert waits[0] < 0.1 and waits[1] >= 0.4, "the second waited for the first's result"
+    assert scratch.left() == 8 << 20, "every reservation and folder given back"
+    scratch.start_budget(0)

@@ -362,6 +362,10 @@ def _record_reference(item: WorkItem) -> str | None:
     return None
 
 
+#: a kernel's job writes up to this many times its reference's first output file
+JOB_WRITES = 12
+
+
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
                  reference: str | None = None, level: int | None = None,
                  number: int | None = None, gpu: GpuClaim | None = None,
@@ -433,6 +437,9 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
         outputs = sum(reference_result.path(name).stat().st_size
                       for name in reference_result.files() if name.startswith("ref"))
         add_job_seconds("memory_wait", held.enter_context(host_memory.holding(outputs)))
+        # the kernel's jobs write its outputs again and again (the candidate's poisoned, fresh,
+        # repeated and scaled calls; the plain run's calls): reserved before each starts
+        limits["disk_estimate"] = JOB_WRITES * reference_result.path("ref_a.pt").stat().st_size
         loading = time.monotonic()
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}

@@ -265,10 +265,10 @@ def audit_problems(paths: Iterable[str], options: Options,
         with ThreadPoolExecutor(max_workers=options.jobs) as pool:
             # the largest first, so that none of them starts last and runs alone at the end;
             # reported in the order of the files
-            started = {id(file): pool.submit(one, file) for file in
-                       sorted(files, key=lambda f: -needs.get(_key(f), 0.0))}
-            for done, file in enumerate(files, start=1):
-                report.problems.append(started[id(file)].result())
+            largest_first = sorted(range(total), key=lambda i: -needs.get(_key(files[i]), 0.0))
+            started = {i: pool.submit(one, files[i]) for i in largest_first}
+            for done in range(1, total + 1):
+                report.problems.append(started[done - 1].result())
                 if on_problem:
                     on_problem(done, total, report.problems[-1])
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems

@@ -104,6 +104,9 @@ class Job:
     #: the GPU it runs on (CUDA_VISIBLE_DEVICES, its memory cap, the GPU's lock and the retry of
     #: an out-of-memory failure alone on it: `gpu_share`); None on CPU
     gpu: gpu_share.GpuClaim | None = None
+    #: bytes it is expected to write, reserved against the scan's --temp-limit before it starts
+    #: (`scratch.reserve`); 0: unknown
+    disk_estimate: int = 0
 
 
 @dataclass
@@ -133,6 +136,7 @@ class RunResult:
     #: (`phase_seconds`): it may have run code under audit
     phases: dict[str, float] = field(default_factory=dict)
     _root: Path | None = field(default=None, repr=False)
+    _disk: object | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -206,6 +210,8 @@ class RunResult:
         if self._root is not None:
             scratch.remove(self._root)
             self._root = None
+        scratch.release(self._disk)
+        self._disk = None
 
     def __enter__(self) -> RunResult:
         return self
@@ -357,23 +363,33 @@ def run_job(job: Job) -> RunResult:
 def _run_once(job: Job) -> RunResult:
     sandbox.protect_parent()
     confined = sandbox.active()
-    root = scratch.folder()
+    disk, waited = scratch.reserve(job.disk_estimate)
+    if disk is not None:
+        add_job_seconds("disk_wait", waited)
+    try:
+        root = scratch.folder()
+    except BaseException:
+        scratch.release(disk)
+        raise
     cgroup = sandbox.job_cgroup(job.memory_limit)
     try:
-        result = _run(job, root, confined, cgroup)
+        result = _run(job, root, confined, cgroup, disk)
+        result._disk = disk
         # every run's phases, a run that ran out of GPU memory before its retry included
         for name, seconds in phase_seconds(result.phases, _kind(job.target)).items():
             add_job_seconds(name, seconds)
         return result
     except BaseException:
         scratch.remove(root)
+        scratch.release(disk)
         raise
     finally:
         if cgroup is not None:
             cgroup.remove()
 
 
-def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None) -> RunResult:
+def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
+         disk: object | None) -> RunResult:
     work, out, tmp, lib = (root / name for name in FOLDERS)
     for folder in (work, out, tmp, lib):
         folder.mkdir()
@@ -385,7 +401,7 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
         job.inputs.check()
         visible.append(str(job.inputs.folder))
         args["in_dir"] = str(job.inputs.folder)
-    allowance = scratch.left()
+    allowance = scratch.left(own=job.disk_estimate if disk is not None else 0)
     file_size_limit = job.file_size_limit if allowance is None else \
         max(1 << 20, min(job.file_size_limit, allowance))
     where, _, _ = job.target.rpartition(":")
@@ -425,15 +441,16 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     result.stderr_tail = _tail(stderr_path)
     _interpret(result, result_path, end.timed_out)
     _check_temp_limit(result, root,
-                      file_size_limit if file_size_limit < job.file_size_limit else None)
+                      file_size_limit if file_size_limit < job.file_size_limit else None, disk)
     return result
 
 
-def _check_temp_limit(result: RunResult, root: Path, cap: int | None) -> None:
-    """Charge the job's folder to the scan's temporary disk; a job that took the total over the
-    limit, or failed on a file as large as `cap` (what was left of the limit when it started),
-    failed on the limit (EDQUOT)."""
-    size = scratch.charge(root)
+def _check_temp_limit(result: RunResult, root: Path, cap: int | None,
+                      reservation: object | None) -> None:
+    """Charge the job's folder to the scan's temporary disk, in place of its `reservation`; a
+    job that took the total over the limit, or failed on a file as large as `cap` (what was left
+    of the limit when it started), failed on the limit (EDQUOT)."""
+    size = scratch.charge(root, reservation)
     hit_cap = cap is not None and not result.ok and (
         result.errno == errno.EFBIG or _largest_file(root) >= cap)
     if scratch.over_limit() is None and not hit_cap:

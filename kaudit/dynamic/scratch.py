@@ -12,6 +12,7 @@ The temporary disk of a scan is bounded (`--temp-limit`, `start_budget`): each j
 measured when the job ends (`charge`: blocks in use, the inputs folders shared by a problem's jobs
 too), the peak of all live folders together is reported (`usage`), and the runner caps each file
 a job writes at what is left (`left`) and fails a job whose folder takes the total over the limit.
+A job that says what it will write (`Job.disk_estimate`) first reserves it (`reserve`).
 """
 
 from __future__ import annotations
@@ -46,16 +47,20 @@ class TempBudget:
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.live: dict[Path, int] = {}
+        #: what running jobs are expected to write (`reserve`); 0 once a job's folder is measured,
+        #: until its result is closed
+        self.reserved: dict[object, int] = {}
         self.peak = 0
 
     def held(self) -> int:
-        return sum(self.live.values())
+        return sum(self.live.values()) + sum(self.reserved.values())
 
     def usage(self) -> dict[str, int | None]:
         return {"limit_bytes": self.limit, "peak_bytes": self.peak}
 
 
 _budget = TempBudget(None)
+_room = threading.Condition(_lock)
 
 
 def default_temp_limit() -> int | None:
@@ -71,25 +76,58 @@ def start_budget(limit: int | None) -> TempBudget:
     """A new scan's budget: `limit` bytes of temporary disk (0: none; None: the default)."""
     global _budget
     chosen = None if limit == 0 else (limit if limit is not None else default_temp_limit())
-    with _lock:
+    with _room:
         _budget = TempBudget(chosen)
+        _room.notify_all()
         return _budget
 
 
-def left() -> int | None:
-    """Bytes of the limit not held by live folders (None without a limit)."""
+def left(own: int = 0) -> int | None:
+    """Bytes of the limit not held by live folders and reservations, `own` reservation given
+    back (None without a limit)."""
     with _lock:
-        return None if _budget.limit is None else max(0, _budget.limit - _budget.held())
+        return None if _budget.limit is None else max(0, _budget.limit - _budget.held() + own)
 
 
-def charge(path: Path) -> int:
-    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders;
-    returns its size."""
+def charge(path: Path, reservation: object | None = None) -> int:
+    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders,
+    which then stands for the `reservation` of the job that wrote it; returns its size."""
     size = disk_usage(path)
-    with _lock:
+    with _room:
         _budget.live[path] = size
+        if reservation in _budget.reserved:
+            _budget.reserved[reservation] = 0
+            _room.notify_all()
         _budget.peak = max(_budget.peak, _budget.held())
     return size
+
+
+def reserve(nbytes: int) -> tuple[object | None, float]:
+    """Hold `nbytes` of the limit for a job about to write about that much; returns a token for
+    `charge` and `release` (None without a limit) and the seconds waited. Folders are measured only
+    when their jobs end, so fourteen jobs at once could each write what was left (on the H200 the
+    disk filled): a job waits until the running jobs' reservations leave it room. It never waits
+    for folders alone (a waiting audit's own inputs are among them), so with no job running it
+    starts, whatever is held."""
+    if nbytes <= 0:
+        return None, 0.0
+    started = time.monotonic()
+    with _room:
+        if _budget.limit is None:
+            return None, 0.0
+        budget = _budget
+        _room.wait_for(lambda: budget is not _budget or not budget.reserved
+                       or budget.held() + nbytes <= (budget.limit or 0))
+        token = object()
+        budget.reserved[token] = nbytes
+        return token, time.monotonic() - started
+
+
+def release(token: object | None) -> None:
+    """The job's result is closed."""
+    with _room:
+        if _budget.reserved.pop(token, None) is not None:
+            _room.notify_all()
 
 
 def over_limit() -> int | None:
@@ -142,9 +180,10 @@ def remove(path: Path | None) -> None:
     if path is None:
         return
     shutil.rmtree(path, ignore_errors=True)
-    with _lock:
+    with _room:
         _live.discard(path)
-        _budget.live.pop(path, None)
+        if _budget.live.pop(path, None) is not None:
+            _room.notify_all()
 
 
 def remove_all() -> None:
