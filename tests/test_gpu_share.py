@@ -557,3 +557,32 @@ def test_jobs_that_say_what_they_write_wait_for_room_instead_of_failing(jobs):
     assert waits[0] < 0.1 and waits[1] >= 0.4, "the second waited for the first's result"
     assert scratch.left() == 8 << 20, "every reservation and folder given back"
     scratch.start_budget(0)
+
+
+def test_disk_reservations_are_granted_in_order_of_arrival():
+    """A large job waiting for room is not overtaken by small ones that would fit beside the
+    jobs running: it would wait for as long as they keep coming."""
+    scratch.start_budget(10 << 20)
+    running, _ = scratch.reserve(4 << 20)
+    order: list[str] = []
+
+    def ask(name: str, nbytes: int) -> None:
+        token, _ = scratch.reserve(nbytes)
+        order.append(name)
+        time.sleep(0.2)
+        scratch.release(token)
+
+    large = threading.Thread(target=ask, args=("large", 9 << 20))
+    large.start()
+    time.sleep(0.2)
+    small = threading.Thread(target=ask, args=("small", 4 << 20))
+    small.start()
+    time.sleep(0.2)
+    try:
+        assert order == [], "the small job fits beside the running one, but waits its turn"
+    finally:
+        scratch.release(running)
+        large.join(10)
+        small.join(10)
+        scratch.start_budget(0)
+    assert order == ["large", "small"]

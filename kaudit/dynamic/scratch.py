@@ -25,6 +25,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class TempBudget:
         #: what running jobs are expected to write (`reserve`); 0 once a job's folder is measured,
         #: until its result is closed
         self.reserved: dict[object, int] = {}
+        self.waiting: deque[object] = deque()
         self.peak = 0
 
     def held(self) -> int:
@@ -106,20 +108,22 @@ def reserve(nbytes: int) -> tuple[object | None, float]:
     """Hold `nbytes` of the limit for a job about to write about that much; returns a token for
     `charge` and `release` (None without a limit) and the seconds waited. Folders are measured only
     when their jobs end, so fourteen jobs at once could each write what was left (on the H200 the
-    disk filled): a job waits until the running jobs' reservations leave it room. It never waits
-    for folders alone (a waiting audit's own inputs are among them), so with no job running it
-    starts, whatever is held."""
+    disk filled): a job waits until the running jobs' reservations leave it room, in order of
+    arrival. It never waits for folders alone (a waiting audit's own inputs are among them), so
+    with no job running it starts, whatever is held."""
     if nbytes <= 0:
         return None, 0.0
     started = time.monotonic()
     with _room:
         if _budget.limit is None:
             return None, 0.0
-        budget = _budget
-        _room.wait_for(lambda: budget is not _budget or not budget.reserved
-                       or budget.held() + nbytes <= (budget.limit or 0))
-        token = object()
+        budget, token = _budget, object()
+        budget.waiting.append(token)  # in order of arrival: a large job is not starved
+        _room.wait_for(lambda: budget is not _budget or budget.waiting[0] is token and (
+            not budget.reserved or budget.held() + nbytes <= (budget.limit or 0)))
+        budget.waiting.remove(token)
         budget.reserved[token] = nbytes
+        _room.notify_all()
         return token, time.monotonic() - started
 
 
