@@ -313,6 +313,9 @@ def test_a_short_write_is_put_down_to_a_full_disk_only_while_the_disk_is_full(tm
     blamed (KD503) for a disk that was full."""
     import errno
 
+    from kaudit.dynamic import scratch
+
+    scratch.start_budget(0)  # no --temp-limit: under one, a file-size failure is the limit's
     jobs = tmp_path / "writes.py"
     jobs.write_text(SHORT_WRITE_JOB)
     with run_job(Job(f"{jobs}:short_write", {"disk_full": disk_full}, timeout=60)) as result:
