@@ -260,7 +260,7 @@ def test_every_job_reports_its_phases_even_a_failed_one_and_the_report_is_bounde
     assert seconds["problem"] >= seconds["problem:forward"] + seconds["problem:import"]
     # code under audit runs in the job: it may rewrite what the job reports of itself
     flood = ("sys.modules['harness.child']._seconds.update("
-             "{f'phase{n}': 0.1 for n in range(1000)} | {'x' * 500: 1e9})\n")
+             "{f'phase{n}': 0.1 for n in range(1000)} | {'x' * 500: 1e9, 'text': 'x'})\n")
     with job_seconds() as flooded:
         with run_job(problem("flood", "FAIL = False" + PROBLEM + flood)) as result:
             assert result.ok, result.describe()

@@ -334,12 +334,12 @@ def problems_on_a_fake_gpu(monkeypatch):
     real = runner._run_once
     state = {"fail": 0, "launches": []}
 
-    def launch(job: Job) -> RunResult:
+    def launch(job: Job, disk: object | None = None) -> RunResult:
         state["launches"].append(not shared_lock_free())
         if len(state["launches"]) <= state["fail"]:
             return RunResult(OOM, phase="forward", error_type="OutOfMemoryError",
                              error="CUDA out of memory. Tried to allocate 2.00 MiB")
-        result = real(dataclasses.replace(job, args={**job.args, "device": "cpu"}))
+        result = real(dataclasses.replace(job, args={**job.args, "device": "cpu"}), disk)
         state.setdefault("statuses", []).append(result.status)
         return result
 
@@ -586,3 +586,31 @@ def test_disk_reservations_are_granted_in_order_of_arrival():
         small.join(10)
         scratch.start_budget(0)
     assert order == ["large", "small"]
+
+
+def test_a_reservation_is_not_counted_as_written(jobs):
+    """Reservations decide only when a job that reserves may start: a job that reserved nothing
+    (a reference job) is not failed, nor its files capped, for room others only reserved."""
+    scratch.start_budget(10 << 20)
+    try:
+        held, _ = scratch.reserve(12 << 20)  # more than the limit: granted, no one else reserved
+        with run_job(Job(f"{jobs}:write", {"files": 3, "bytes": 1 << 20}, timeout=60)) as result:
+            assert result.ok, result.describe()
+        assert scratch.usage()["peak_bytes"] < 5 << 20, "the peak is what was on disk"
+        scratch.release(held)
+    finally:
+        scratch.start_budget(0)
+
+
+def test_a_job_waiting_for_disk_moves_to_a_new_scans_budget():
+    scratch.start_budget(10 << 20)
+    held, _ = scratch.reserve(8 << 20)
+    granted: list[object] = []
+    waiter = threading.Thread(target=lambda: granted.append(scratch.reserve(8 << 20)[0]))
+    waiter.start()
+    time.sleep(0.2)
+    assert not granted, "no room beside the first reservation"
+    scratch.start_budget(0)  # the next scan has no limit: nothing to reserve
+    waiter.join(10)
+    assert granted == [None]
+    scratch.release(held)

@@ -208,6 +208,7 @@ def test_cli_json_shape(tmp_path):
     assert data["summary"]["groups"][0]["key"] == "fixtures/problems"
     # --stream: a line per problem, as each ended
     lines = [json.loads(line) for line in (tmp_path / "lines.jsonl").read_text().splitlines()]
+    lines.sort(key=lambda line: line["path"])  # written as each problem ends
     assert [(line["path"], line["verdict"]) for line in lines] == [
         ("fixtures/problems/bad_tiny_output.py", "error"),
         ("fixtures/problems/good_matmul.py", "clean")]

@@ -34,11 +34,14 @@ class Ledger:
         ticket = object()
         with self.changed:
             self.waiting.append(ticket)
-            self.changed.wait_for(lambda: self.waiting[0] is ticket and self._fits(amount, wide))
-            self.waiting.popleft()
+            try:
+                self.changed.wait_for(lambda: self.waiting[0] is ticket
+                                      and self._fits(amount, wide))
+            finally:  # granted, or interrupted (SIGTERM unwinds): the queue moves on either way
+                self.waiting.remove(ticket)
+                self.changed.notify_all()
             self.held += amount
             self.wide_held += wide
-            self.changed.notify_all()
         try:
             yield
         finally:

@@ -23,7 +23,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from kaudit.discover import display_path, natural_key
@@ -144,8 +144,11 @@ def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str
     job = Job(SIZES_TARGET, {"paths": paths, "init_seed": options.init_seed}, timeout=timeout,
               env={"CUDA_VISIBLE_DEVICES": ""},
               visible=tuple(sorted({os.path.dirname(path) for path in paths})))
-    with run_job(job) as result:
-        sizes = (result.value or {}).get("sizes") if result.ok else None
+    try:
+        with run_job(job) as result:
+            sizes = (result.value or {}).get("sizes") if result.ok else None
+    except OSError:  # its folder could not be made (a full disk): the problems run unsized
+        return {}
     needs = {}
     for path, size in (sizes.items() if isinstance(sizes, dict) else ()):
         parts = [size.get(key) if isinstance(size, dict) else None
@@ -263,14 +266,16 @@ def audit_problems(paths: Iterable[str], options: Options,
                 on_problem(done, total, report.problems[-1])
     else:
         with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-            # the largest first, so that none of them starts last and runs alone at the end;
-            # reported in the order of the files
+            # the largest first, so that none of them starts last and runs alone at the end; the
+            # report keeps the order of the files
             largest_first = sorted(range(total), key=lambda i: -needs.get(_key(files[i]), 0.0))
-            started = {i: pool.submit(one, files[i]) for i in largest_first}
-            for done in range(1, total + 1):
-                report.problems.append(started[done - 1].result())
-                if on_problem:
-                    on_problem(done, total, report.problems[-1])
+            started = {pool.submit(one, files[i]): i for i in largest_first}
+            ended: list[ProblemResult | None] = [None] * total
+            for done, future in enumerate(as_completed(started), start=1):
+                ended[started[future]] = problem = future.result()
+                if on_problem:  # as each ends (--stream), not held back for the files before
+                    on_problem(done, total, problem)
+            report.problems += [problem for problem in ended if problem is not None]
     report.errors += [ScanError(p.path, p.error, internal=True) for p in report.problems
                       if p.error and p.error.startswith("internal error")]
     report.summary = summarize(report.problems)

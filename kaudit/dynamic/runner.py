@@ -346,13 +346,23 @@ def run_job(job: Job) -> RunResult:
     sandbox cannot be built, and OSError when the job's folder cannot be made (a full disk):
     nothing ran then."""
     started = time.monotonic()
+    # before the GPU: a job waiting for disk holds no share of it; one reservation for all its runs
+    disk, waited = scratch.reserve(job.disk_estimate)
+    if disk is not None:
+        add_job_seconds("disk_wait", waited)
     try:
         if job.gpu is not None:
             placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
-            result = gpu_share.run_claimed(placed, job.gpu, _run_once)
+            result = gpu_share.run_claimed(placed, job.gpu,
+                                           lambda one: _run_once(one, disk))
             add_job_seconds("gpu_wait", result.gpu_wait_s)
-            return result
-        return _run_once(job)
+        else:
+            result = _run_once(job, disk)
+        result._disk = disk  # given back when the result is closed
+        return result
+    except BaseException:
+        scratch.release(disk)
+        raise
     finally:
         seconds = _job_seconds.get()
         if seconds is not None:
@@ -360,28 +370,20 @@ def run_job(job: Job) -> RunResult:
             seconds[kind] = seconds.get(kind, 0.0) + time.monotonic() - started
 
 
-def _run_once(job: Job) -> RunResult:
+def _run_once(job: Job, disk: object | None = None) -> RunResult:
+    """One run of `job`; `disk`: its reservation of the temporary disk (`scratch.reserve`)."""
     sandbox.protect_parent()
     confined = sandbox.active()
-    disk, waited = scratch.reserve(job.disk_estimate)
-    if disk is not None:
-        add_job_seconds("disk_wait", waited)
-    try:
-        root = scratch.folder()
-    except BaseException:
-        scratch.release(disk)
-        raise
+    root = scratch.folder()
     cgroup = sandbox.job_cgroup(job.memory_limit)
     try:
         result = _run(job, root, confined, cgroup, disk)
-        result._disk = disk
         # every run's phases, a run that ran out of GPU memory before its retry included
         for name, seconds in phase_seconds(result.phases, _kind(job.target)).items():
             add_job_seconds(name, seconds)
         return result
     except BaseException:
         scratch.remove(root)
-        scratch.release(disk)
         raise
     finally:
         if cgroup is not None:
@@ -401,7 +403,7 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
         job.inputs.check()
         visible.append(str(job.inputs.folder))
         args["in_dir"] = str(job.inputs.folder)
-    allowance = scratch.left(own=job.disk_estimate if disk is not None else 0)
+    allowance = scratch.left(disk)
     file_size_limit = job.file_size_limit if allowance is None else \
         max(1 << 20, min(job.file_size_limit, allowance))
     where, _, _ = job.target.rpartition(":")
@@ -441,16 +443,15 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
     result.stderr_tail = _tail(stderr_path)
     _interpret(result, result_path, end.timed_out)
     _check_temp_limit(result, root,
-                      file_size_limit if file_size_limit < job.file_size_limit else None, disk)
+                      file_size_limit if file_size_limit < job.file_size_limit else None)
     return result
 
 
-def _check_temp_limit(result: RunResult, root: Path, cap: int | None,
-                      reservation: object | None) -> None:
-    """Charge the job's folder to the scan's temporary disk, in place of its `reservation`; a
-    job that took the total over the limit, or failed on a file as large as `cap` (what was left
-    of the limit when it started), failed on the limit (EDQUOT)."""
-    size = scratch.charge(root, reservation)
+def _check_temp_limit(result: RunResult, root: Path, cap: int | None) -> None:
+    """Charge the job's folder to the scan's temporary disk; a job that took the total over the
+    limit, or failed on a file as large as `cap` (what was left of the limit when it started),
+    failed on the limit (EDQUOT)."""
+    size = scratch.charge(root)
     hit_cap = cap is not None and not result.ok and (
         result.errno == errno.EFBIG or _largest_file(root) >= cap)
     if scratch.over_limit() is None and not hit_cap:

@@ -48,14 +48,15 @@ class TempBudget:
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.live: dict[Path, int] = {}
-        #: what running jobs are expected to write (`reserve`); 0 once a job's folder is measured,
-        #: until its result is closed
+        #: what jobs are expected to write (`reserve`), from before they start until their
+        #: results are closed: it decides only whether a job may start and its file cap
         self.reserved: dict[object, int] = {}
         self.waiting: deque[object] = deque()
         self.peak = 0
 
     def held(self) -> int:
-        return sum(self.live.values()) + sum(self.reserved.values())
+        """What the live folders hold on disk."""
+        return sum(self.live.values())
 
     def usage(self) -> dict[str, int | None]:
         return {"limit_bytes": self.limit, "peak_bytes": self.peak}
@@ -84,47 +85,52 @@ def start_budget(limit: int | None) -> TempBudget:
         return _budget
 
 
-def left(own: int = 0) -> int | None:
-    """Bytes of the limit not held by live folders and reservations, `own` reservation given
-    back (None without a limit)."""
+def left(reservation: object | None = None) -> int | None:
+    """Bytes of the limit not held by live folders (None without a limit); for a job holding
+    `reservation`, less what the other jobs reserved."""
     with _lock:
-        return None if _budget.limit is None else max(0, _budget.limit - _budget.held() + own)
+        if _budget.limit is None:
+            return None
+        others = sum(n for token, n in _budget.reserved.items() if token is not reservation) \
+            if reservation is not None else 0
+        return max(0, _budget.limit - _budget.held() - others)
 
 
-def charge(path: Path, reservation: object | None = None) -> int:
-    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders,
-    which then stands for the `reservation` of the job that wrote it; returns its size."""
+def charge(path: Path) -> int:
+    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders;
+    returns its size."""
     size = disk_usage(path)
-    with _room:
+    with _lock:
         _budget.live[path] = size
-        if reservation in _budget.reserved:
-            _budget.reserved[reservation] = 0
-            _room.notify_all()
         _budget.peak = max(_budget.peak, _budget.held())
     return size
 
 
 def reserve(nbytes: int) -> tuple[object | None, float]:
-    """Hold `nbytes` of the limit for a job about to write about that much; returns a token for
-    `charge` and `release` (None without a limit) and the seconds waited. Folders are measured only
+    """Hold `nbytes` of the limit for a job about to write about that much, until `release`;
+    returns the token (None without a limit) and the seconds waited. Folders are measured only
     when their jobs end, so fourteen jobs at once could each write what was left (on the H200 the
-    disk filled): a job waits until the running jobs' reservations leave it room, in order of
-    arrival. It never waits for folders alone (a waiting audit's own inputs are among them), so
-    with no job running it starts, whatever is held."""
+    disk filled): a job waits, in order of arrival, until the live folders and the other
+    reservations leave it room. It never waits for folders alone (a waiting audit's own inputs
+    are among them), so with no reservation held it starts, whatever is held."""
     if nbytes <= 0:
         return None, 0.0
     started = time.monotonic()
     with _room:
-        if _budget.limit is None:
-            return None, 0.0
-        budget, token = _budget, object()
-        budget.waiting.append(token)  # in order of arrival: a large job is not starved
-        _room.wait_for(lambda: budget is not _budget or budget.waiting[0] is token and (
-            not budget.reserved or budget.held() + nbytes <= (budget.limit or 0)))
-        budget.waiting.remove(token)
-        budget.reserved[token] = nbytes
-        _room.notify_all()
-        return token, time.monotonic() - started
+        while _budget.limit is not None:
+            budget, token = _budget, object()
+            budget.waiting.append(token)  # in order of arrival: a large job is not starved
+            try:
+                _room.wait_for(lambda: budget is not _budget or budget.waiting[0] is token and (
+                    not budget.reserved or budget.held() + sum(budget.reserved.values())
+                    + nbytes <= (budget.limit or 0)))
+            finally:
+                budget.waiting.remove(token)
+                _room.notify_all()
+            if budget is _budget:  # else a new scan's budget: ask it instead
+                budget.reserved[token] = nbytes
+                return token, time.monotonic() - started
+    return None, 0.0
 
 
 def release(token: object | None) -> None:

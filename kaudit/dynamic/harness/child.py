@@ -448,7 +448,9 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
         code = 1
         outcome = _failure(getattr(exc, "job_phase", current_phase()), exc)
-    outcome["phase_seconds"] = {name: round(seconds, 3) for name, seconds in _seconds.items()}
+    with contextlib.suppress(Exception):  # code under audit may have rewritten them
+        outcome["phase_seconds"] = {str(name): round(seconds, 3) for name, seconds in
+                                    list(_seconds.items()) if isinstance(seconds, (int, float))}
     try:
         _write_result(result, outcome)
     except Exception as exc:  # noqa: BLE001 - the value was not JSON: say so, in JSON

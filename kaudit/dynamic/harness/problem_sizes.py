@@ -19,9 +19,11 @@ def size_problems(args: dict, out_dir: str) -> dict:
     import torch
 
     sizes = {}
+    default = torch.get_default_dtype()
     for index, path in enumerate(args["paths"]):
         with phase("size"):
             sizes[path] = _size(torch, f"problem_{index}", path, int(args.get("init_seed", 42)))
+        torch.set_default_dtype(default)  # a problem that changed it sizes no other problem
     return {"sizes": sizes}
 
 

@@ -115,7 +115,11 @@ def _forks_poisoned(torch) -> bool:
     healthy while no job could run."""
     pid = os.fork()
     if pid == 0:
-        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+        bad = True
+        try:
+            bad = bool(torch.cuda._is_in_bad_fork())
+        finally:  # never back into the server's loop
+            os._exit(1 if bad else 0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) != 0
 
