@@ -17,7 +17,8 @@
 # installed first. DEV=cpu runs the same checks on the CPU (to try the script).
 # `python bench/gpu_report.py res.tgz` makes the tables.
 # A check's remainder after a run cut short: ADV_K (pytest -k for adversarial), FIXTURES (kernel
-# files), KBX_DONE (record line numbers already judged). PROBLEM_JOBS: `problems`' -j (default 8).
+# files), KBX_DONE (record line numbers already judged). PROBLEM_JOBS: `problems`' -j (default 8);
+# CUDAL1_JOBS: `cudal1_full`'s (default 14).
 set -u
 DEV=${DEV:-cuda}  # DEV=cpu tries the script itself on a machine without a GPU
 export PYTHONUNBUFFERED=1 KAUDIT_TEST_DEVICE=$DEV DEV
@@ -93,7 +94,7 @@ rest = {level: [e for e in tasks if (level, e["task_id"]) not in done]
 json.dump(rest, open(".corpora/cudal1/h100_rest.json", "w"), indent=1)
 PY
       XDG_CACHE_HOME=$PWD/.kwork/xdg python3 -m kaudit scan --dynamic --device $DEV \
-        --fail-on never -f json .corpora/cudal1/h100_rest.json -j 14 \
+        --fail-on never -f json .corpora/cudal1/h100_rest.json -j "${CUDAL1_JOBS:-14}" \
         --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
         --stream "$R/cudal1_full.jsonl" -o "$R/cudal1_full.json" ;;
     real8) scan real8 .corpora/real8 --problems .corpora/kb -j 4 \
