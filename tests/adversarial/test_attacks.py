@@ -111,6 +111,20 @@ def test_rebinding_the_save_function_is_tampering(tmp_path):
     assert "KD202" in codes(run), "the lazy output itself is what gets judged"
 
 
+def test_a_faked_full_disk_is_never_a_pass(tmp_path):
+    """A job's own report of a full disk is believed (when it is real, neighbours have often freed
+    the space by the time kaudit looks, and an honest kernel must not be rejected for it), so a
+    kernel can fake one: it gets "not audited", which is never trusted, and says what it claimed."""
+    from kaudit.results import Submission
+    from kaudit.verdicts import judge
+
+    run = audit(pair(tmp_path / "k", "fakes_full_disk"))
+    assert "KD504" in codes(run) and run.status != "ok", messages(run)
+    assert "unexpected pos" in messages(run)
+    verdict = judge("kernel.py", Submission("paired-folder"), run.findings, None, 10.0)
+    assert verdict.verdict == "unverified"
+
+
 def test_the_reference_in_the_parent_is_out_of_reach(tmp_path):
     """The kernel searches its ancestors' memory for the reference outputs and zeroes them; its
     own output is zeros, so only a reference it could not reach makes it wrong."""
