@@ -142,7 +142,7 @@ class BrokenBuilds:
 
         job = Job(f"{self.jobs}:build", timeout=120, writable=[str(self.root)],
                   args={"compiler": str(self.compiler), "folder": str(self.folder),
-                        "source": source, "killed": killed})
+                        "build_dir": str(self.folder), "source": source, "killed": killed})
         with run_job(job) as result:
             assert result.ok, result.describe()
             self.phases = result.phases

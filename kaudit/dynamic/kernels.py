@@ -434,12 +434,14 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 **failure_metrics(reference_result))
             return
         keys = [f"s{index}" for index in range(len(scales))]
-        outputs = sum(reference_result.path(name).stat().st_size
-                      for name in reference_result.files() if name.startswith("ref"))
-        add_job_seconds("memory_wait", held.enter_context(host_memory.holding(outputs)))
+        sizes = {name: reference_result.path(name).stat().st_size
+                 for name in reference_result.files() if name.startswith("ref")}
+        add_job_seconds("memory_wait",
+                        held.enter_context(host_memory.holding(sum(sizes.values()))))
         # the kernel's jobs write its outputs again and again (the candidate's poisoned, fresh,
-        # repeated and scaled calls; the plain run's calls): reserved before each starts
-        limits["disk_estimate"] = JOB_WRITES * reference_result.path("ref_a.pt").stat().st_size
+        # repeated and scaled calls; the plain run's calls): reserved before each starts. A
+        # missing first output is the reference's failure, reported (KD503) below
+        limits["disk_estimate"] = JOB_WRITES * sizes.get("ref_a.pt", 0)
         loading = time.monotonic()
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}

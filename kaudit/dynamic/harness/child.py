@@ -439,7 +439,8 @@ def _job(spec: dict, result: int, out_write: int, err_write: int) -> NoReturn:
         jail.drop_privileges()
         faulthandler.enable()  # a segfault prints the Python stack to the captured stderr
         with phase("job-import"):
-            failed_builds.remember_failed_builds(timed)
+            if spec.get("args", {}).get("build_dir"):  # a kernel's jobs; the others never build
+                failed_builds.remember_failed_builds(timed)
             function = _resolve(spec["target"])
         with phase("seed"):
             _seed(int(spec.get("seed", 0)))

@@ -60,9 +60,10 @@ def _known_failure(folder: str, digest: str) -> str | None:
 def remember_failed_builds(timed: Callable[[str], ContextManager[Any]]) -> None:
     """Make torch's JIT extension builds remember their failures (see the module's docstring),
     each build timed as `timed("build")`.
-    Called in a job after the fork: the fork server must not import torch's extension module (on
-    the H200 with torch 2.11, importing it there left every forked job unable to use CUDA). A job
-    started in a fresh interpreter, where torch is not imported yet, compiles as before."""
+    Called after the fork, in the jobs that have a build folder (`build_dir`: a kernel's), since
+    importing the module costs every job a tenth of a second: the fork server must not import it
+    (on the H200 with torch 2.11, importing it there left every forked job unable to use CUDA). A
+    job started in a fresh interpreter, where torch is not imported yet, compiles as before."""
     if "torch" not in sys.modules:
         return
     import torch.utils.cpp_extension as cpp_extension
