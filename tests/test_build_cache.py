@@ -27,6 +27,16 @@ def _hold(root: str, marker: str, overlaps) -> None:
         Path(folder, f"built-by-{marker}").write_text("x")
 
 
+def test_a_relative_cache_folder_is_handed_to_jobs_as_an_absolute_one(tmp_path, monkeypatch):
+    """Jobs run in folders of their own: `--build-cache .kwork/builds` reached them as a
+    relative path, so on the H200 every job of a kernel compiled it again (40-90 s each) into a
+    new folder, and the cache stayed empty."""
+    monkeypatch.chdir(tmp_path)
+    with BuildCache("relative/builds").use("kernel A") as folder:
+        assert os.path.isabs(folder)
+        assert Path(folder).parent == tmp_path / "relative" / "builds"
+
+
 def test_processes_take_a_folder_one_at_a_time(tmp_path):
     context = multiprocessing.get_context("fork")
     overlaps = context.Queue()

@@ -57,7 +57,9 @@ class BuildCache:
     def __init__(self, root: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.persistent = root is not None
         self.max_bytes = max_bytes
-        self.root = Path(root) if root is not None else None
+        # absolute: jobs run in folders of their own, where a relative path names a new,
+        # empty folder (every job compiled the kernel again, into its own temporary folder)
+        self.root = Path(os.path.abspath(root)) if root is not None else None
         self._records: dict[str, dict[str, str]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
