@@ -93,9 +93,11 @@ rest = {level: [e for e in tasks if (level, e["task_id"]) not in done]
         for level, tasks in json.load(open(entries)).items()}
 json.dump(rest, open(".corpora/cudal1/h100_rest.json", "w"), indent=1)
 PY
-      XDG_CACHE_HOME=$PWD/.kwork/xdg python3 -m kaudit scan --dynamic --device $DEV \
-        --fail-on never -f json .corpora/cudal1/h100_rest.json -j "${CUDAL1_JOBS:-14}" \
-        --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
+      # kaudit's key (which signs the result cache) beside the caches: a new command may not
+      # keep the home folder, and results under another key are audited again
+      XDG_CACHE_HOME=$PWD/.kwork/xdg XDG_CONFIG_HOME=$PWD/.kwork/config python3 -m kaudit scan \
+        --dynamic --device $DEV --fail-on never -f json .corpora/cudal1/h100_rest.json \
+        -j "${CUDAL1_JOBS:-14}" --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
         --stream "$R/cudal1_full.jsonl" -o "$R/cudal1_full.json" ;;
     real8) scan real8 .corpora/real8 --problems .corpora/kb -j 4 \
              --baseline-timings .corpora/a100_baseline.json ;;

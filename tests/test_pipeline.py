@@ -165,13 +165,16 @@ def test_a_cache_entry_changed_by_anything_else_is_run_again(in_tmp, monkeypatch
     config = kaudit.Config(cache_dir=str(in_tmp / "cache"))
     options = kaudit.DynamicOptions(device="cpu")
     kaudit.scan_paths(["."], config, dynamic=options)
-    kaudit.scan_paths(["."], config, dynamic=options)
+    resumed = kaudit.scan_paths(["."], config, dynamic=options)
     assert ran == ["k0/kernel.py"]
+    assert not any("signed" in w for w in resumed.warnings)
     with sqlite3.connect(in_tmp / "cache" / "dynamic.sqlite") as db:
         db.execute("UPDATE signed_dynamic_results SET value = replace(value, '\"ok\"', "
                    "'\"ok\" ')")
-    kaudit.scan_paths(["."], config, dynamic=options)
+    report = kaudit.scan_paths(["."], config, dynamic=options)
     assert ran == ["k0/kernel.py", "k0/kernel.py"]
+    # said, since a key that did not survive (a container's home folder) looks just like this
+    assert [w for w in report.warnings if "not signed with this installation's key" in w]
 
 
 def test_timeouts_and_incomplete_audits_are_run_again(in_tmp, monkeypatch):

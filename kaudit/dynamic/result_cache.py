@@ -51,6 +51,8 @@ class DynamicCache:
         self.lock = threading.Lock()
         self.salt = "\0".join((code_fingerprint(), options.cache_key(), *environment(device)))
         self.warning: str | None = None
+        #: rows found for a kernel but not signed with this installation's key
+        self.unsigned = 0
 
     def key(self, display: str, kernel: str, problem: str | None) -> str:
         digest = hashlib.sha256(self.salt.encode("utf-8", "surrogatepass"))
@@ -60,8 +62,15 @@ class DynamicCache:
 
     def get(self, key: str) -> KernelRun | None:
         row = self._execute("SELECT value, mac FROM signed_dynamic_results WHERE key = ?", (key,))
-        if not row or not hmac.compare_digest(row[1], sign("dynamic", key, row[0])):
-            return None  # not written by this installation's kaudit: run again, and replaced
+        if not row:
+            return None
+        if not hmac.compare_digest(row[1], sign("dynamic", key, row[0])):
+            # not written by this installation's kaudit: run again, and replaced. Most often
+            # the key itself is new (a home folder that did not survive, as in a container)
+            with self.lock:
+                self.unsigned += 1
+                self.warning = self.warning or unsigned_warning
+            return None
         data = json.loads(row[0])
         return KernelRun(data["path"], data["problem"], data["status"],
                          [Finding.from_dict(f) for f in data["findings"]], data["metrics"],
@@ -104,6 +113,14 @@ class DynamicCache:
                     pass
                 self.db = None
                 return None
+
+
+#: said once when a kernel's stored result does not verify
+unsigned_warning = (
+    "dynamic result cache: results stored for kernels of this scan were not signed with this "
+    "installation's key, so they were audited again; that key lives in "
+    "$XDG_CONFIG_HOME/kaudit (~/.config/kaudit): keep that folder (in a container, a mounted "
+    "one) for a later scan to resume")
 
 
 @functools.cache
