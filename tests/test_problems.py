@@ -316,3 +316,26 @@ def test_inputs_are_made_on_the_device_and_on_the_cpu_when_the_problem_needs_it(
                        make_inputs(via_numpy, 5, torch.device("cpu"), torch)[0])
     with pytest.raises(ProblemFormatError, match="not a list"):
         make_inputs(_Problem(lambda: torch.randn(2)), 0, meta, torch)
+
+
+def test_statistics_merged_over_outputs_equal_those_of_all_their_values():
+    """`kaudit problems` reads each output once (`Moments`) for the statistics of each seed and
+    of all seeds together: merged, they are the statistics of the concatenated values, NaN and
+    Inf left out and counted, an empty or all-NaN output included."""
+    torch = pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic.probes import Moments
+
+    generator = torch.Generator().manual_seed(3)
+    parts = [torch.randn(5000, generator=generator) * 7 + 2,
+             torch.tensor([float("nan"), -3.5, float("inf"), 40.0, float("-inf")]),
+             torch.empty(0), torch.full((4,), float("nan")), torch.tensor([-50.0])]
+    merged = Moments.merge([Moments.of(p) for p in parts]).stats()
+    values = torch.cat(parts).double()
+    finite = values[torch.isfinite(values)]
+    assert merged["nan"] == 5 and merged["inf"] == 2 and merged["nonfinite"] == 7
+    assert merged["min"] == -50.0 and merged["max"] == float(finite.max())
+    assert merged["max_abs"] == 50.0
+    assert merged["mean"] == pytest.approx(float(finite.mean()), rel=1e-12)
+    assert merged["std"] == pytest.approx(float(finite.std(unbiased=False)), rel=1e-12)
+    assert str(Moments.merge([Moments.of(torch.zeros(3))]).stats()["max_abs"]) == "0.0"  # not -0.0
+    assert Moments.merge([Moments.of(parts[3])]).stats()["std"] is None

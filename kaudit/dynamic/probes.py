@@ -74,16 +74,25 @@ def gap(native: torch.Tensor, reference: torch.Tensor) -> Gap:
     a, b = native.double().flatten(), reference.double().flatten()
     if a.shape != b.shape:
         raise ValueError(f"float64 output has {b.numel()} elements, native {a.numel()}")
-    finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
-    reference_nonfinite = int((~finite_b).sum())
-    native_nonfinite = int((~finite_a & finite_b).sum())
+    finite_a, finite_b = torch.isfinite(native.flatten()), torch.isfinite(reference.flatten())
     both = finite_a & finite_b
-    error, base = (a - b)[both], b[both]
+    if bool(both.all()):  # the usual case: no masked copies
+        reference_nonfinite = native_nonfinite = 0
+        error, base = a - b, b
+    else:
+        reference_nonfinite = int((~finite_b).sum())
+        native_nonfinite = int((~finite_a & finite_b).sum())
+        error, base = (a - b)[both], b[both]
     return Gap(_ratio(float(error.norm()) if error.numel() else 0.0,
                       float(base.norm()) if base.numel() else 0.0),
-               _ratio(float(error.abs().max()) if error.numel() else 0.0,
-                      float(base.abs().max()) if base.numel() else 0.0),
-               native_nonfinite, reference_nonfinite)
+               _ratio(_max_abs(error), _max_abs(base)), native_nonfinite, reference_nonfinite)
+
+
+def _max_abs(values: torch.Tensor) -> float:
+    if not values.numel():
+        return 0.0
+    low, high = torch.aminmax(values)
+    return max(abs(float(low)), abs(float(high)))
 
 
 def combine(gaps: list[Gap]) -> Gap:
@@ -108,20 +117,63 @@ def absolute_dominance(reference: torch.Tensor, atol: float, rtol: float) -> dic
             "effective_rtol_at_median": _json_float(effective)}
 
 
+@dataclass(frozen=True)
+class Moments:
+    """What `summary_stats` reports, of one output or merged over several (Chan's pairwise
+    update), so that statistics per seed and over all seeds take one pass over each output."""
+    count: int  # finite elements
+    mean: float
+    m2: float  # sum of squared deviations from the mean
+    low: float
+    high: float
+    nan: int
+    inf: int
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> Moments:
+        values = tensor.double().flatten()
+        finite = torch.isfinite(tensor.flatten())
+        nan = inf = 0
+        if not bool(finite.all()):
+            nan = int(torch.isnan(values).sum())
+            inf = int(values.numel() - int(finite.sum()) - nan)
+            values = values[finite]
+        if not values.numel():
+            return cls(0, 0.0, 0.0, math.inf, -math.inf, nan, inf)
+        std, mean = torch.std_mean(values, correction=0)
+        low, high = torch.aminmax(values)
+        count = values.numel()
+        return cls(count, float(mean), float(std) ** 2 * count, float(low), float(high), nan, inf)
+
+    @classmethod
+    def merge(cls, parts: list[Moments]) -> Moments:
+        total = cls(0, 0.0, 0.0, math.inf, -math.inf, 0, 0)
+        for part in parts:
+            count = total.count + part.count
+            if not part.count:
+                total = cls(total.count, total.mean, total.m2, total.low, total.high,
+                            total.nan + part.nan, total.inf + part.inf)
+                continue
+            delta = part.mean - total.mean
+            total = cls(count, total.mean + delta * part.count / count,
+                        total.m2 + part.m2 + delta * delta * total.count * part.count / count,
+                        min(total.low, part.low), max(total.high, part.high),
+                        total.nan + part.nan, total.inf + part.inf)
+        return total
+
+    def stats(self) -> dict:
+        """max|y|, std, mean, min, max over the finite elements; NaN and Inf counted."""
+        counts = {"nan": self.nan, "inf": self.inf, "nonfinite": self.nan + self.inf}
+        if not self.count:
+            return {"max_abs": None, "std": None, "mean": None, "min": None, "max": None,
+                    **counts}
+        return {"max_abs": max(abs(self.low), abs(self.high)),
+                "std": math.sqrt(self.m2 / self.count), "mean": self.mean, "min": self.low, "max": self.high, **counts}
+
+
 def summary_stats(tensors: list[torch.Tensor]) -> dict:
     """max|y|, std, min, max, mean over the finite elements of several outputs."""
-    values = torch.cat([t.double().flatten() for t in tensors]) if tensors else torch.zeros(0)
-    finite = values[torch.isfinite(values)]
-    nonfinite = int(values.numel() - finite.numel())
-    if finite.numel() == 0:
-        return {"max_abs": None, "std": None, "mean": None, "min": None, "max": None,
-                "nan": int(torch.isnan(values).sum()), "inf": int(torch.isinf(values).sum()),
-                "nonfinite": nonfinite}
-    return {"max_abs": float(finite.abs().max()),
-            "std": float(finite.std(unbiased=False)) if finite.numel() > 1 else 0.0,
-            "mean": float(finite.mean()), "min": float(finite.min()), "max": float(finite.max()),
-            "nan": int(torch.isnan(values).sum()), "inf": int(torch.isinf(values).sum()),
-            "nonfinite": nonfinite}
+    return Moments.merge([Moments.of(t) for t in tensors]).stats()
 
 
 def _ratio(numerator: float, denominator: float) -> float:
