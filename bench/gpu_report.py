@@ -110,14 +110,16 @@ def scan(path: Path, top: int) -> list[str]:
 
 
 def keep_cudal1(stream: Path, run: str) -> list[str]:
-    """Add the kernels of a `cudal1_full` stream to CUDAL1_KEPT (one line per level and task,
-    the newest run kept; verdicts and figures only, no code of the GPL-3.0 release), and
-    summarise the whole file so far."""
+    """Add the kernels of a `cudal1_full` stream to CUDAL1_KEPT (one line per level and task:
+    the newest run, unless an earlier one was whole and this one is not; verdicts and figures
+    only, no code of the GPL-3.0 release), and summarise the whole file so far."""
     kept = {(r["level"], r["task_id"]): r for r in lines(CUDAL1_KEPT)} \
         if CUDAL1_KEPT.exists() else {}
     for line in lines(stream):
-        measured = line.get("measured") or {}
-        kept[(line["level"], line["problem"])] = {
+        measured, key = line.get("measured") or {}, (line["level"], line["problem"])
+        if line["status"] != "ok" and kept.get(key, {}).get("status") == "ok":
+            continue  # a disk or a neighbour cut this audit short: the whole one stays
+        kept[key] = {
             "level": line["level"], "task_id": line["problem"], "verdict": line["verdict"],
             "status": line["status"],
             "errors": sorted({f["rule"] for f in line["findings"] if f["level"] == "error"}),
