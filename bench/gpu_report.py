@@ -117,6 +117,8 @@ def keep_cudal1(stream: Path, run: str) -> list[str]:
         if CUDAL1_KEPT.exists() else {}
     for line in lines(stream):
         measured, key = line.get("measured") or {}, (line["level"], line["problem"])
+        if any(f["rule"] == "KD504" for f in line["findings"]):
+            line["status"] = "incomplete"  # as kaudit now says: a job stopped on a full disk
         if line["status"] != "ok" and kept.get(key, {}).get("status") == "ok":
             continue  # a disk or a neighbour cut this audit short: the whole one stays
         kept[key] = {

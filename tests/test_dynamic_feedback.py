@@ -105,6 +105,25 @@ def test_verdicts_of_kernels_not_audited(codes, verdict, reasons):
     assert totals["surviving"] == (verdict == "trusted")
 
 
+def test_a_plain_run_stopped_by_a_full_disk_leaves_the_audit_incomplete():
+    """On the H200 a kernel whose plain run found the disk full kept status "ok" beside its
+    KD504: the result cache stored it, and a resumed scan never audited it again."""
+    import errno
+
+    from kaudit.dynamic.judge import Adder, second_opinion
+    from kaudit.dynamic.kernels import KernelRun
+    from kaudit.dynamic.result_cache import NOT_STORED
+    from kaudit.dynamic.runner import RunResult
+    from kaudit.dynamic.tolerance import resolve
+
+    run = KernelRun("k.py", status="ok")
+    full = RunResult("error", error_type="OSError", error="No space left on device",
+                     errno=errno.ENOSPC)
+    second_opinion(Adder(run, Location("k.py", 5)), full, [], [], resolve(None, None, None))
+    assert [f.rule for f in run.findings] == ["KD504"]
+    assert run.status in NOT_STORED
+
+
 def test_a_cpu_run_is_not_a_pass():
     pytest.importorskip("torch", reason="scan --dynamic needs torch")
 

@@ -614,3 +614,115 @@ def test_a_job_waiting_for_disk_moves_to_a_new_scans_budget():
     waiter.join(10)
     assert granted == [None]
     scratch.release(held)
+
+
+def test_a_kernels_reference_job_reserves_the_disk_its_problem_is_sized_to_write(monkeypatch):
+    """Reference jobs reserved nothing: on the H200 fourteen of them at once, up to 17.5 GiB
+    each, filled the 64 GiB disk (KD504). The problem is now sized on the meta device (once per
+    text), its job reserves what it writes, and gives that back once its files are measured."""
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import kernels, problem_sizing
+    from kaudit.dynamic.options import DynamicOptions
+    from tests.conftest import DYNAMIC_FIXTURES
+
+    problem = str(ROOT / "fixtures" / "problems" / "good_matmul.py")
+    size = problem_sizing.size_problems([problem], 42)[problem]
+    # (64, 128) and (128, 64) float32 inputs, one (64, 64) float32 output, no parameters
+    assert size == problem_sizing.ProblemSize(0, 2 * 64 * 128 * 4, 64 * 64 * 4, 64 * 64)
+    # inputs A and B, the state, outputs A and B, and per other scale an output and a float64 one
+    assert problem_sizing.reference_writes(size, 2) == \
+        2 * size.inputs + 4 * size.outputs + 2 * 8 * 64 * 64
+    assert problem_sizing.reference_writes(dataclasses.replace(size, outputs=None), 2) == 0
+
+    sized, reserved = [], []
+    real_size, real_reserve = problem_sizing.size_problems, scratch.reserve
+    monkeypatch.setattr(problem_sizing, "size_problems",
+                        lambda paths, seed, *a: sized.append(paths) or real_size(paths, seed))
+    monkeypatch.setattr(scratch, "reserve",
+                        lambda nbytes: reserved.append(nbytes) or real_reserve(nbytes))
+    monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
+    monkeypatch.setattr(problem_sizing, "sizes", problem_sizing.SizeMemo())
+    limit = 1 << 40
+    scratch.start_budget(limit)
+    kernel = DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py"
+    options = DynamicOptions(device="cpu", timeout=240)
+    linear = kernel.parent / "problem.py"
+    for _ in range(2):
+        run = kernels.audit_kernel(str(kernel), "kernel.py", kernel.read_text(), options, "cpu")
+        assert run.status == "ok", run.findings
+    linear_size = real_size([str(linear)], 42)[str(linear)]
+    expected = problem_sizing.reference_writes(linear_size, len(options.scales) - 1)
+    assert expected > 0 and reserved.count(expected) == 2, reserved
+    assert sized == [[str(linear)]], "one sizing job for the problem's text"
+    assert scratch.left() == limit, "every reservation given back"
+    scratch.start_budget(0)
+
+
+DISK_HEAVY_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+
+def get_inputs():
+    return [torch.randn(1024, 64)]
+
+
+def get_init_inputs():
+    return [64, 1024]
+'''
+
+
+def test_audits_waiting_for_memory_and_disk_do_not_wait_for_each_other(monkeypatch, tmp_path):
+    """Lock order: an audit waits for kaudit's memory holding no disk reservation. With its
+    reference job's reservation held through that wait, one audit held memory and waited for
+    disk while the other held disk and waited for memory: on the H200 fourteen audits finished
+    nothing in three minutes. Here memory fits one audit at a time and the disk limit fits one
+    reference job's reservation beside a kernel job's."""
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import kernels, problem_sizing
+    from kaudit.dynamic.options import DynamicOptions
+    from tests.conftest import DYNAMIC_FIXTURES
+
+    monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
+    monkeypatch.setattr(problem_sizing, "sizes", problem_sizing.SizeMemo())
+    monkeypatch.setattr(host_memory, "_ledger", Ledger(1.0))  # each audit alone in memory
+    kernel_text = (DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py").read_text()
+    files = []
+    for index in range(2):
+        folder = tmp_path / f"k{index}"
+        folder.mkdir()
+        (folder / "problem.py").write_text(DISK_HEAVY_PROBLEM)
+        (folder / "kernel.py").write_text(kernel_text + f"\n# copy {index}\n")
+        files.append(folder / "kernel.py")
+    problem = str(tmp_path / "k0" / "problem.py")
+    writes = problem_sizing.reference_writes(problem_sizing.size_problems([problem], 42)[problem],
+                                             2)
+    output = 1024 * 1024 * 4
+    # one reference folder on disk, its reservation and a kernel job's reservation are over
+    # the limit; the folder and the kernel job's reservation are not
+    scratch.start_budget(writes + kernels.JOB_WRITES * output + 4 * output)
+    runs = {}
+
+    def audit(file: Path) -> None:
+        runs[file] = kernels.audit_kernel(str(file), file.parent.name, file.read_text(),
+                                          DynamicOptions(device="cpu", timeout=120), "cpu")
+
+    threads = [threading.Thread(target=audit, args=(f,), daemon=True) for f in files]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    try:
+        assert all(not t.is_alive() for t in threads), "the audits waited for each other"
+        assert [runs[f].status for f in files] == ["ok", "ok"], [runs[f].findings for f in files]
+    finally:
+        scratch.start_budget(0)

@@ -87,7 +87,10 @@ def disk_full(result: RunResult) -> bool:
 
 
 def not_audited(add: Adder, result: RunResult, what: str) -> None:
-    """KD504: the job stopped on a full disk (or quota), not on anything the kernel did."""
+    """KD504: the job stopped on a full disk (or quota), not on anything the kernel did; the
+    audit is incomplete (never stored in the result cache: a resumed scan runs it again), even
+    when only a later job (the plain run) stopped."""
+    add.run.status = "incomplete"
     add("KD504", f"not audited: {os.strerror(result.errno or errno.ENOSPC)} where kaudit's "
         f"temporary folders are: the {what} could not write its files ({result.describe()})",
         errno=result.errno, **failure_metrics(result))
@@ -115,7 +118,6 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
             except (OSError, FileNotFoundError):
                 pass
         if disk_full(candidate):
-            run.status = "incomplete"
             not_audited(add, candidate, "kernel's job")
             return
         if interpreted and NO_TRITON_DRIVER in candidate.error:

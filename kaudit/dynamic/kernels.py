@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kaudit.discover import WorkItem, display_path
-from kaudit.dynamic import adapted, host_memory, scratch
+from kaudit.dynamic import adapted, host_memory, problem_sizing, scratch
 from kaudit.dynamic.attribution import OwnKernels
 from kaudit.dynamic.builds import BuildCache
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots
@@ -364,6 +364,19 @@ def _record_reference(item: WorkItem) -> str | None:
 
 #: a kernel's job writes up to this many times its reference's first output file
 JOB_WRITES = 12
+#: devices on which a kernel's problem is sized before its reference job runs, to reserve the
+#: disk that job writes: on the GPU host, fourteen reference jobs of level-1 problems at once
+#: (up to 17.5 GiB each) filled its 64 GiB disk. On the CPU problems are small, and each audit
+#: would pay one more job
+SIZED_DEVICES = ("cuda",)
+
+
+def _reference_writes(problem: str, options: DynamicOptions, device: str, scales: int) -> int:
+    """The bytes the reference job is expected to write, 0 when unknown (not reserved)."""
+    if device not in SIZED_DEVICES or scratch.left() is None:
+        return 0
+    size = problem_sizing.sizes.size(problem, options.init_seed)
+    return problem_sizing.reference_writes(size, scales) if size is not None else 0
 
 
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
@@ -416,7 +429,12 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
               "cpu_limit": cpu_seconds, "gpu": gpu}
     with contextlib.ExitStack() as held, \
             run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
+                        disk_estimate=_reference_writes(problem, options, device, len(scales)),
                         **limits)) as reference_result:
+        # its folder was measured when it ended: the reservation only admitted it. Held on, it
+        # would wait for memory below in a cycle with an audit that holds memory and waits for
+        # disk (on the H200, fourteen audits finished nothing in three minutes)
+        reference_result.release_disk()
         if not reference_result.ok:
             run.status = "reference-failed"
             if reference_result.phase is None:
@@ -426,7 +444,6 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 except (OSError, FileNotFoundError):
                     pass
             if disk_full(reference_result):
-                run.status = "incomplete"
                 not_audited(add, reference_result, "reference problem's job")
                 return
             add("KD503", f"not run: the reference problem {run.problem} failed: "

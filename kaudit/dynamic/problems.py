@@ -31,6 +31,7 @@ from kaudit.dynamic import scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
+from kaudit.dynamic.problem_sizing import size_problems
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
     ProblemResult,
@@ -129,7 +130,6 @@ def model_line(file: str) -> tuple[int, list[str]]:
 #: allocator. On KernelBench level 1 this asks more than an eighth of an H200 for 52 problems, of
 #: which 44 had run out of memory at an eighth.
 PEAK_PARAMS, PEAK_INPUTS, PEAK_OUTPUTS, PEAK_MARGIN = 3, 3, 4, 1.25
-SIZES_TARGET = "problem_sizes:size_problems"
 
 
 def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str, float]:
@@ -141,23 +141,11 @@ def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str
     memory = gpu_memory(gpus[0]) if gpus and paths else None
     if memory is None or memory.total <= 0:
         return {}
-    job = Job(SIZES_TARGET, {"paths": paths, "init_seed": options.init_seed}, timeout=timeout,
-              env={"CUDA_VISIBLE_DEVICES": ""},
-              visible=tuple(sorted({os.path.dirname(path) for path in paths})))
-    try:
-        with run_job(job) as result:
-            sizes = (result.value or {}).get("sizes") if result.ok else None
-    except OSError:  # its folder could not be made (a full disk): the problems run unsized
-        return {}
     needs = {}
-    for path, size in (sizes.items() if isinstance(sizes, dict) else ()):
-        parts = [size.get(key) if isinstance(size, dict) else None
-                 for key in ("params", "inputs", "outputs")]
-        params, inputs, outputs = (p if isinstance(p, int) and p >= 0 else None for p in parts)
-        if path in paths and params is not None and inputs is not None:
-            peak = PEAK_PARAMS * params + PEAK_INPUTS * inputs + PEAK_OUTPUTS * (
-                outputs if outputs is not None else inputs)
-            needs[path] = PEAK_MARGIN * peak / memory.total
+    for path, size in size_problems(paths, options.init_seed, timeout).items():
+        outputs = size.outputs if size.outputs is not None else size.inputs
+        peak = PEAK_PARAMS * size.params + PEAK_INPUTS * size.inputs + PEAK_OUTPUTS * outputs
+        needs[path] = PEAK_MARGIN * peak / memory.total
     return needs
 
 

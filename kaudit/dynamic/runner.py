@@ -210,6 +210,11 @@ class RunResult:
         if self._root is not None:
             scratch.remove(self._root)
             self._root = None
+        self.release_disk()
+
+    def release_disk(self) -> None:
+        """Give back the job's reservation of temporary disk (`Job.disk_estimate`) before the
+        result is closed: its files are gone, or measured as a live folder (`scratch.charge`)."""
         scratch.release(self._disk)
         self._disk = None
 

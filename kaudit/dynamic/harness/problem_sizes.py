@@ -1,7 +1,7 @@
-"""The sizing job of `problems` on a GPU: for each problem file, the bytes of its parameters, its
-inputs and its outputs, found on torch's meta device (shapes and dtypes, no memory, no GPU), so
-that the parent can give each problem's job the share of the GPU it will need before it runs,
-instead of after it ran out of memory at a smaller one.
+"""The sizing job: for each problem file, the bytes of its
+parameters, its inputs and its outputs, found on torch's meta device (shapes and dtypes, no
+memory, no GPU), so that the parent can give a problem's job the share of the GPU, and a kernel's
+reference job the temporary disk, it will need before it runs, instead of after it ran out.
 
 Runs inside a job on the CPU. A problem that cannot be sized (its inputs made from NumPy, a
 data-dependent shape, an explicit device) is recorded with its error; its outputs alone may be
@@ -28,7 +28,8 @@ def size_problems(args: dict, out_dir: str) -> dict:
 
 
 def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
-    found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None, "error": None}
+    found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None,
+                             "output_elements": None, "error": None}
     try:
         module = import_file(name, path)
         torch.manual_seed(init_seed)
@@ -39,8 +40,10 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
         found["inputs"] = _bytes(torch, inputs)
         with torch.no_grad():
             result = model(*inputs)
-        found["outputs"] = _bytes(torch, list(result) if isinstance(result, (list, tuple))
-                                  else [result])
+        outputs = [v for v in (result if isinstance(result, (list, tuple)) else [result])
+                   if isinstance(v, torch.Tensor)]
+        found["outputs"] = _bytes(torch, outputs)
+        found["output_elements"] = sum(v.numel() for v in outputs)
     except Exception as exc:  # noqa: BLE001 - an unsized problem runs as before
         found["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return found
