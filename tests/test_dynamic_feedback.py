@@ -223,3 +223,31 @@ def test_scan_dynamic_takes_the_memory_limit(monkeypatch, in_tmp):
     result = CliRunner().invoke(kaudit.cli.app, ["scan", "k.py", "--dynamic", "--no-cache",
                                                  "--memory-limit", "2G"])
     assert seen == [2 << 30], result.output
+
+
+def test_an_audit_stops_when_a_full_disk_stopped_its_plain_run(monkeypatch):
+    """Nothing more runs for an audit that is incomplete anyway (its shape sweep, timing and
+    profile would have taken the GPU and disk again)."""
+    import errno
+
+    pytest.importorskip("torch", reason="scan --dynamic needs torch")
+    from kaudit.dynamic import kernels
+    from kaudit.dynamic.options import DynamicOptions
+    from kaudit.dynamic.runner import RunResult
+
+    ran, real = [], kernels.run_job
+
+    def run_job(job):
+        ran.append(job.target)
+        if job.target == kernels.PLAIN_TARGET:
+            return RunResult("error", error_type="OSError", error="No space left on device",
+                             errno=errno.ENOSPC)
+        return real(job)
+
+    monkeypatch.setattr(kernels, "run_job", run_job)
+    monkeypatch.setattr(kernels, "shape_sweep", lambda *a: ran.append("shape sweep"))
+    kernel = DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py"
+    run = kernels.audit_kernel(str(kernel), "kernel.py", kernel.read_text(),
+                               DynamicOptions(device="cpu", timeout=240), "cpu")
+    assert run.status == "incomplete" and "KD504" in [f.rule for f in run.findings]
+    assert ran[-1] == kernels.PLAIN_TARGET, ran

@@ -507,6 +507,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                             env=env, inputs=shared, visible=visible, writable=(build,), **limits)
                 with run_job(plain) as result:
                     second_opinion(add, result, refs["a"], watched, options.tolerance)
+                if run.status != "ok":
+                    return  # a full disk stopped the plain run: the audit is incomplete
                 if not rejected(run):
                     reference_job = Job(REFERENCE_TARGET, common, env=env,
                                         visible=(os.path.dirname(problem),), **limits)
