@@ -658,27 +658,6 @@ def test_a_kernels_reference_job_reserves_the_disk_its_problem_is_sized_to_write
     scratch.start_budget(0)
 
 
-DISK_HEAVY_PROBLEM = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.linear = nn.Linear(in_features, out_features)
-
-    def forward(self, x):
-        return torch.relu(self.linear(x))
-
-
-def get_inputs():
-    return [torch.randn(1024, 64)]
-
-
-def get_init_inputs():
-    return [64, 1024]
-'''
 
 
 def test_audits_waiting_for_memory_and_disk_do_not_wait_for_each_other(monkeypatch, tmp_path):
@@ -695,12 +674,17 @@ def test_audits_waiting_for_memory_and_disk_do_not_wait_for_each_other(monkeypat
     monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
     monkeypatch.setattr(problem_sizing, "sizes", problem_sizing.SizeMemo())
     monkeypatch.setattr(host_memory, "_ledger", Ledger(1.0))  # each audit alone in memory
-    kernel_text = (DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py").read_text()
+    linear = DYNAMIC_FIXTURES / "good_pytorch_linear"
+    kernel_text = (linear / "kernel.py").read_text()
+    # the same problem with a 1024 x 1024 output (4 MiB): what jobs write is mostly outputs
+    heavy = (linear / "problem.py").read_text().replace("randn(32, 64)", "randn(1024, 64)")
+    heavy = heavy.replace("return [64, 48]", "return [64, 1024]")
+    assert "1024, 64" in heavy and "[64, 1024]" in heavy
     files = []
     for index in range(2):
         folder = tmp_path / f"k{index}"
         folder.mkdir()
-        (folder / "problem.py").write_text(DISK_HEAVY_PROBLEM)
+        (folder / "problem.py").write_text(heavy)
         (folder / "kernel.py").write_text(kernel_text + f"\n# copy {index}\n")
         files.append(folder / "kernel.py")
     problem = str(tmp_path / "k0" / "problem.py")
