@@ -710,3 +710,30 @@ def test_audits_waiting_for_memory_and_disk_do_not_wait_for_each_other(monkeypat
         assert [runs[f].status for f in files] == ["ok", "ok"], [runs[f].findings for f in files]
     finally:
         scratch.start_budget(0)
+
+
+def test_a_reference_job_sized_over_the_whole_limit_is_not_run(monkeypatch):
+    """It would wait until every other job had ended, then fail on the limit: KD504 at once,
+    with the size and the limit."""
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import kernels, problem_sizing
+    from kaudit.dynamic.options import DynamicOptions
+    from tests.conftest import DYNAMIC_FIXTURES
+
+    monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
+    sized = problem_sizing.ProblemSize(0, 20 << 30, 4 << 30, 1 << 30)  # a level-1 problem's
+    monkeypatch.setattr(problem_sizing.sizes, "size", lambda path, seed: sized)
+    ran = []
+    monkeypatch.setattr(kernels, "run_job", lambda job: ran.append(job) or None)
+    scratch.start_budget(30 << 30)
+    try:
+        kernel = DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py"
+        run = kernels.audit_kernel(str(kernel), "kernel.py", kernel.read_text(),
+                                   DynamicOptions(device="cpu", timeout=240), "cpu")
+    finally:
+        scratch.start_budget(0)
+    assert ran == [] and run.status == "incomplete"
+    [finding] = run.findings
+    assert finding.rule == "KD504" and "--temp-limit" in finding.message
+    assert finding.metrics["estimate_bytes"] == problem_sizing.reference_writes(sized, 2)
+    assert finding.metrics["limit_bytes"] == 30 << 30

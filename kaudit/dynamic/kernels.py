@@ -64,7 +64,7 @@ from kaudit.dynamic.judge import (
     rejected,
     second_opinion,
 )
-from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, memory_note
+from kaudit.dynamic.limits import cpu_time_limit, format_size, job_memory_limit, memory_note
 from kaudit.dynamic.options import (  # noqa: F401 - the names callers import from here
     CALLS,
     DEFAULT_SCALES,
@@ -427,10 +427,19 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     env: dict[str, str] = {}
     limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
               "cpu_limit": cpu_seconds, "gpu": gpu}
+    writes = _reference_writes(problem, options, device, len(scales))
+    limit = scratch.usage()["limit_bytes"]
+    if limit is not None and writes > limit:
+        # it would wait for every other job to end, then fail on the limit
+        run.status = "incomplete"
+        add("KD504", f"not audited: the reference problem's job would write about "
+            f"{format_size(writes)} (its inputs and outputs, sized on the meta device), more "
+            f"than the scan's temporary-disk limit of {format_size(limit)} (--temp-limit)",
+            estimate_bytes=writes, limit_bytes=limit)
+        return
     with contextlib.ExitStack() as held, \
             run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
-                        disk_estimate=_reference_writes(problem, options, device, len(scales)),
-                        **limits)) as reference_result:
+                        disk_estimate=writes, **limits)) as reference_result:
         # its folder was measured when it ended: the reservation only admitted it. Held on, it
         # would wait for memory below in a cycle with an audit that holds memory and waits for
         # disk (on the H200, fourteen audits finished nothing in three minutes)
