@@ -433,3 +433,24 @@ def test_a_triton_kernel_timing_out_in_the_interpreter_is_not_audited_not_failed
     run = audit_kernel(str(kernel), str(kernel), kernel.read_text(), options, DEVICE)
     expected = ("incomplete", {"KD504"}) if DEVICE == "cpu" else ("failed", {"KD501"})
     assert (run.status, codes(run)) == expected, [f.message for f in run.findings]
+
+
+def test_unwritten_elements_are_those_holding_their_runs_palette_in_every_run():
+    """KD101's mask: an element is unwritten only where all four poisoned runs left it holding
+    that run's palette (later runs are only looked up where the earlier ones all did)."""
+    from kaudit.dynamic.harness import sentinels
+    from kaudit.dynamic.judge import unwritten_mask
+
+    key = "k" * 32
+    written = torch.tensor([1.5, 2.5, 3.5, 4.5])
+    runs = []
+    for run in range(4):
+        values = sentinels.palette(torch.float32, run, key)
+        poisoned = written.clone()
+        left = [0, 1, 3] if run < 2 else [0, 3] if run == 2 else [0, 2, 3]
+        bits = poisoned.view(sentinels.bits_dtype(torch.float32))
+        bits[left] = values[:len(left)]
+        runs.append(poisoned)
+    # 0 and 3 hold a palette value in every run; 1 was written in run 2; 2 only in run 3's
+    assert unwritten_mask(runs, key).tolist() == [True, False, False, True]
+    assert unwritten_mask([written] * 4, key).tolist() == [False] * 4

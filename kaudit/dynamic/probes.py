@@ -85,10 +85,11 @@ def gap(native: torch.Tensor, reference: torch.Tensor) -> Gap:
         error, base = (a - b)[both], b[both]
     return Gap(_ratio(float(error.norm()) if error.numel() else 0.0,
                       float(base.norm()) if base.numel() else 0.0),
-               _ratio(_max_abs(error), _max_abs(base)), native_nonfinite, reference_nonfinite)
+               _ratio(max_abs(error), max_abs(base)), native_nonfinite, reference_nonfinite)
 
 
-def _max_abs(values: torch.Tensor) -> float:
+def max_abs(values: torch.Tensor) -> float:
+    """max|values| (0 for none) in one pass, without an absolute copy."""
     if not values.numel():
         return 0.0
     low, high = torch.aminmax(values)
