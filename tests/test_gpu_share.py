@@ -628,10 +628,10 @@ def test_a_kernels_reference_job_reserves_the_disk_its_problem_is_sized_to_write
     problem = str(ROOT / "fixtures" / "problems" / "good_matmul.py")
     size = problem_sizing.size_problems([problem], 42)[problem]
     # (64, 128) and (128, 64) float32 inputs, one (64, 64) float32 output, no parameters
-    assert size == problem_sizing.ProblemSize(0, 2 * 64 * 128 * 4, 64 * 64 * 4, 64 * 64)
+    assert size == problem_sizing.ProblemSize(0, 2 * 64 * 128 * 4, 64 * 64 * 4, 64 * 64 * 8)
     # inputs A and B, the state, outputs A and B, and per other scale an output and a float64 one
-    assert problem_sizing.reference_writes(size, 2) == \
-        2 * size.inputs + 4 * size.outputs + 2 * 8 * 64 * 64
+    assert problem_sizing.reference_writes(size, 2) == 2 * size.inputs + 4 * size.outputs + \
+        2 * 8 * 64 * 64 + 9 * problem_sizing.SAVE_OVERHEAD
     assert problem_sizing.reference_writes(dataclasses.replace(size, outputs=None), 2) == 0
 
     sized, reserved = [], []
@@ -721,7 +721,7 @@ def test_a_reference_job_sized_over_the_whole_limit_is_not_run(monkeypatch):
     from tests.conftest import DYNAMIC_FIXTURES
 
     monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
-    sized = problem_sizing.ProblemSize(0, 20 << 30, 4 << 30, 1 << 30)  # a level-1 problem's
+    sized = problem_sizing.ProblemSize(0, 20 << 30, 4 << 30, 8 << 30)  # a level-1 problem's
     monkeypatch.setattr(problem_sizing.sizes, "size", lambda path, seed: sized)
     ran = []
     monkeypatch.setattr(kernels, "run_job", lambda job: ran.append(job) or None)
@@ -737,3 +737,69 @@ def test_a_reference_job_sized_over_the_whole_limit_is_not_run(monkeypatch):
     assert finding.rule == "KD504" and "--temp-limit" in finding.message
     assert finding.metrics["estimate_bytes"] == problem_sizing.reference_writes(sized, 2)
     assert finding.metrics["limit_bytes"] == 30 << 30
+
+
+SIZED_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, table):
+        super().__init__()
+        self.register_buffer("table", table.clone())
+
+    def forward(self, x):
+        x.mul_(2)  # changes its input, as an `out=` buffer would
+        return torch.fft.fft(x)  # a complex output: its float64 twin is complex128
+
+
+def get_inputs():
+    return [torch.randn(256, 512)]
+
+
+def get_init_inputs():
+    return [torch.randn(128, 128)]
+"""
+
+
+def test_the_sized_estimate_covers_what_the_reference_job_writes(tmp_path):
+    """Ground truth: the files of a real reference job. A problem whose forward changes its
+    input (saved again after forward), with a complex output (a complex128 twin) and a tensor
+    among its init inputs (saved in init.pt) was under-reserved by a sixth."""
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import problem_sizing
+    from kaudit.dynamic.kernels import REFERENCE_TARGET
+
+    problem = tmp_path / "problem.py"
+    problem.write_text(SIZED_PROBLEM)
+    size = problem_sizing.size_problems([str(problem)], 42)[str(problem)]
+    assert size is not None and size.inputs_changed and size.twins == 256 * 512 * 16
+    assert size.init == 128 * 128 * 4
+    estimate = problem_sizing.reference_writes(size, 2)
+    job = Job(REFERENCE_TARGET, {"problem": str(problem), "device": "cpu", "init_seed": 42,
+                                 "seeds": [0, 1], "scales": [1e-3, 1e3]},
+              timeout=120, visible=(str(tmp_path),))
+    with run_job(job) as result:
+        assert result.ok, result.describe()
+        written = sum(result.path(name).stat().st_size for name in result.files())
+    assert written <= estimate <= 1.05 * written
+
+
+def test_a_problem_that_cannot_be_sized_is_none_and_a_failed_sizing_is_tried_again(
+        monkeypatch, tmp_path):
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import problem_sizing
+
+    unsized = tmp_path / "problem.py"
+    unsized.write_text("raise ImportError('no such module')\n")
+    assert problem_sizing.size_problems([str(unsized)], 42) == {str(unsized): None}
+    calls = []
+    real = problem_sizing.size_problems
+    monkeypatch.setattr(problem_sizing, "size_problems",
+                        lambda paths, seed: calls.append(paths) or (
+                            {} if len(calls) == 1 else real(paths, seed)))
+    memo = problem_sizing.SizeMemo()
+    assert memo.size(str(unsized), 42) is None  # the job failed: not remembered
+    assert memo.size(str(unsized), 42) is None and memo.size(str(unsized), 42) is None
+    assert len(calls) == 2, "unsizable is remembered; a failed job is not"

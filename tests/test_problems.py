@@ -339,3 +339,6 @@ def test_statistics_merged_over_outputs_equal_those_of_all_their_values():
     assert merged["std"] == pytest.approx(float(finite.std(unbiased=False)), rel=1e-12)
     assert str(Moments.merge([Moments.of(torch.zeros(3))]).stats()["max_abs"]) == "0.0"  # not -0.0
     assert Moments.merge([Moments.of(parts[3])]).stats()["std"] is None
+    # torch has no isfinite for float8 on the CPU: read from the float64 copy
+    eight = Moments.of(torch.tensor([1.0, -2.0]).to(torch.float8_e4m3fn)).stats()
+    assert (eight["min"], eight["max"], eight["nonfinite"]) == (-2.0, 1.0, 0)

@@ -74,7 +74,7 @@ def gap(native: torch.Tensor, reference: torch.Tensor) -> Gap:
     a, b = native.double().flatten(), reference.double().flatten()
     if a.shape != b.shape:
         raise ValueError(f"float64 output has {b.numel()} elements, native {a.numel()}")
-    finite_a, finite_b = torch.isfinite(native.flatten()), torch.isfinite(reference.flatten())
+    finite_a, finite_b = _finite(native, a), _finite(reference, b)
     both = finite_a & finite_b
     if bool(both.all()):  # the usual case: no masked copies
         reference_nonfinite = native_nonfinite = 0
@@ -86,6 +86,12 @@ def gap(native: torch.Tensor, reference: torch.Tensor) -> Gap:
     return Gap(_ratio(float(error.norm()) if error.numel() else 0.0,
                       float(base.norm()) if base.numel() else 0.0),
                _ratio(max_abs(error), max_abs(base)), native_nonfinite, reference_nonfinite)
+
+
+def _finite(tensor: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """Flat finiteness mask of `tensor`, read from the narrower of it and its float64 copy
+    `wide` (torch has no `isfinite` for the one-byte float8 dtypes on the CPU)."""
+    return torch.isfinite(wide if tensor.element_size() == 1 else tensor.reshape(-1))
 
 
 def max_abs(values: torch.Tensor) -> float:
@@ -133,7 +139,7 @@ class Moments:
     @classmethod
     def of(cls, tensor: torch.Tensor) -> Moments:
         values = tensor.double().flatten()
-        finite = torch.isfinite(tensor.flatten())
+        finite = _finite(tensor, values)
         nan = inf = 0
         if not bool(finite.all()):
             nan = int(torch.isnan(values).sum())

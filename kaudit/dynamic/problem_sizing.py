@@ -15,23 +15,28 @@ from pathlib import Path
 from kaudit.dynamic.runner import Job, run_job
 
 SIZES_TARGET = "problem_sizes:size_problems"
+#: what `torch.save` adds to a file besides its tensors' bytes (about 1.5 kB measured), rounded up
+SAVE_OVERHEAD = 4096
 
 
 @dataclass(frozen=True)
 class ProblemSize:
-    """Bytes of a problem's parameters (and buffers), of one call's inputs and of its outputs,
-    with the outputs' element count; outputs None when only forward failed on the meta device."""
+    """Bytes of a problem's parameters (and buffers), of one call's inputs and of its outputs;
+    of the outputs' float64 twins, of its tensor init inputs, and whether its forward changes
+    its inputs. `outputs` and `twins` are None when only forward failed on the meta device."""
 
     params: int
     inputs: int
     outputs: int | None = None
-    output_elements: int | None = None
+    twins: int | None = None
+    init: int = 0
+    inputs_changed: bool = False
 
 
 def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
-                  ) -> dict[str, ProblemSize]:
-    """The sizes of the problem files `paths` (absolute), from one job on the CPU; a problem it
-    could not size, and every problem when the job fails, is left out."""
+                  ) -> dict[str, ProblemSize | None]:
+    """The sizes of the problem files `paths` (absolute), from one job on the CPU: None for a
+    problem the job could not size; a problem is missing when the job itself failed."""
     if not paths:
         return {}
     job = Job(SIZES_TARGET, {"paths": paths, "init_seed": init_seed}, timeout=timeout,
@@ -42,34 +47,45 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
             found = (result.value or {}).get("sizes") if result.ok else None
     except OSError:  # its folder could not be made (a full disk): nothing is sized
         return {}
-    sizes = {}
+    sizes: dict[str, ProblemSize | None] = {}
     for path, size in (found.items() if isinstance(found, dict) else ()):
-        if path not in paths or not isinstance(size, dict):
+        if path not in paths:
             continue  # the job ran problem code: only what was asked, and numbers, are read
-        params, inputs, outputs, elements = (
-            value if isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            else None for value in (size.get(key) for key in (
-                "params", "inputs", "outputs", "output_elements")))
-        if params is not None and inputs is not None:
-            sizes[path] = ProblemSize(params, inputs, outputs,
-                                      elements if outputs is not None else None)
+        number = {key: _count(size.get(key) if isinstance(size, dict) else None)
+                  for key in ("params", "inputs", "outputs", "twins", "init")}
+        if number["params"] is None or number["inputs"] is None:
+            sizes[path] = None
+            continue
+        known = number["outputs"] is not None and number["twins"] is not None
+        sizes[path] = ProblemSize(number["params"], number["inputs"],
+                                  number["outputs"] if known else None,
+                                  number["twins"] if known else None, number["init"] or 0,
+                                  size.get("inputs_changed") is True)
     return sizes
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
 
 
 def reference_writes(size: ProblemSize, scales: int) -> int:
     """What a kernel's reference job writes (`harness/kernel_job.run_reference`): two sets of
-    inputs, the model's state, two outputs and, for each of the `scales` input scales other than
-    1, an output and its float64 twin; 0 (unknown) when the outputs could not be sized."""
-    if size.outputs is None or size.output_elements is None:
+    inputs (twice, when its forward changes them), the model's state and init inputs, two
+    outputs and, for each of the `scales` input scales other than 1, an output and its float64
+    twin; 0 (unknown) when the outputs could not be sized."""
+    if size.outputs is None or size.twins is None:
         return 0
-    float64 = 8 * size.output_elements
-    return 2 * size.inputs + size.params + (2 + scales) * size.outputs + scales * float64
+    input_files = 4 if size.inputs_changed else 2
+    files = input_files + 1 + 2 + 2 * scales
+    return (input_files * size.inputs + size.params + size.init + (2 + scales) * size.outputs
+            + scales * size.twins + files * SAVE_OVERHEAD)
 
 
 class SizeMemo:
     """Sizes by problem text and init seed: a results tree repeats problems (KernelBench runs
     hold many samples of one task; CUDA-L1 records carry their problem's text), each sized once
-    by the process; at most MAX_MEMO texts are kept."""
+    by the process (a sizing job that failed is tried again); at most MAX_MEMO texts are kept."""
 
     MAX_MEMO = 4096
 
@@ -88,11 +104,18 @@ class SizeMemo:
                 self._sizes.clear()
                 self._locks.clear()
             lock = self._locks.setdefault(key, threading.Lock())
+            if key in self._sizes:
+                return self._sizes[key]
         with lock:  # one sizing job per text; the other audits of it wait for its answer
-            if key not in self._sizes:
-                path = os.path.abspath(path)
-                self._sizes[key] = size_problems([path], init_seed).get(path)
-            return self._sizes[key]
+            with self._lock:
+                if key in self._sizes:
+                    return self._sizes[key]
+            path = os.path.abspath(path)
+            found = size_problems([path], init_seed)
+            with self._lock:
+                if path in found:
+                    self._sizes[key] = found[path]
+            return found.get(path)
 
 
 #: the process's sizes (`scan --dynamic`)

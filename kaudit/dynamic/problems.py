@@ -143,6 +143,8 @@ def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str
         return {}
     needs = {}
     for path, size in size_problems(paths, options.init_seed, timeout).items():
+        if size is None:
+            continue
         outputs = size.outputs if size.outputs is not None else size.inputs
         peak = PEAK_PARAMS * size.params + PEAK_INPUTS * size.inputs + PEAK_OUTPUTS * outputs
         needs[path] = PEAK_MARGIN * peak / memory.total

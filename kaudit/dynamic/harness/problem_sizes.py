@@ -28,22 +28,30 @@ def size_problems(args: dict, out_dir: str) -> dict:
 
 
 def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
-    found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None,
-                             "output_elements": None, "error": None}
+    found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None, "twins": None,
+                             "init": None, "inputs_changed": None, "error": None}
     try:
         module = import_file(name, path)
         torch.manual_seed(init_seed)
         with torch.device("meta"):
-            model = module.Model(*module.get_init_inputs())
+            init_inputs = list(module.get_init_inputs())
+            model = module.Model(*init_inputs)
             inputs = list(module.get_inputs())
         found["params"] = _bytes(torch, [*model.parameters(), *model.buffers()])
+        found["init"] = _bytes(torch, init_inputs)
         found["inputs"] = _bytes(torch, inputs)
+        versions = [v._version for v in inputs if isinstance(v, torch.Tensor)]
         with torch.no_grad():
             result = model(*inputs)
+        found["inputs_changed"] = versions != [v._version for v in inputs
+                                               if isinstance(v, torch.Tensor)]
         outputs = [v for v in (result if isinstance(result, (list, tuple)) else [result])
                    if isinstance(v, torch.Tensor)]
         found["outputs"] = _bytes(torch, outputs)
-        found["output_elements"] = sum(v.numel() for v in outputs)
+        # each output's float64 twin: complex ones complex128, others keep their dtype
+        found["twins"] = sum(v.numel() * (16 if v.is_complex() else
+                                          8 if v.is_floating_point() else v.element_size())
+                             for v in outputs)
     except Exception as exc:  # noqa: BLE001 - an unsized problem runs as before
         found["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return found
