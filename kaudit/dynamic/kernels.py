@@ -371,9 +371,11 @@ JOB_WRITES = 12
 SIZED_DEVICES = ("cuda",)
 
 
-def _reference_writes(problem: str, options: DynamicOptions, device: str, scales: int) -> int:
-    """The bytes the reference job is expected to write, 0 when unknown (not reserved)."""
-    if device not in SIZED_DEVICES or scratch.left() is None:
+def _reference_writes(problem: str, options: DynamicOptions, device: str, scales: int,
+                      limit: int | None) -> int:
+    """The bytes the reference job is expected to write, 0 when unknown or when the scan's
+    temporary disk has no `limit` (not reserved)."""
+    if device not in SIZED_DEVICES or limit is None:
         return 0
     size = problem_sizing.sizes.size(problem, options.init_seed)
     return problem_sizing.reference_writes(size, scales) if size is not None else 0
@@ -427,8 +429,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     env: dict[str, str] = {}
     limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
               "cpu_limit": cpu_seconds, "gpu": gpu}
-    writes = _reference_writes(problem, options, device, len(scales))
     limit = scratch.usage()["limit_bytes"]
+    writes = _reference_writes(problem, options, device, len(scales), limit)
     if limit is not None and writes > limit:
         # it would wait for every other job to end, then fail on the limit
         run.status = "incomplete"

@@ -211,7 +211,7 @@ def audit_problems(paths: Iterable[str], options: Options,
             return
         with slots.take() as gpu:
             if gpu is not None:
-                gpu.need = needs.get(os.path.abspath(file))
+                gpu.need = needs.get(_key(file))
             yield gpu
 
     def run(file: str, shown: str, model: tuple[int, list[str]], options: Options
