@@ -803,3 +803,25 @@ def test_a_problem_that_cannot_be_sized_is_none_and_a_failed_sizing_is_tried_aga
     assert memo.size(str(unsized), 42) is None  # the job failed: not remembered
     assert memo.size(str(unsized), 42) is None and memo.size(str(unsized), 42) is None
     assert len(calls) == 2, "unsizable is remembered; a failed job is not"
+
+
+def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
+    """The sizing job runs problem code, and a record-based tree (CUDA-L1, JSONL) supplies that
+    code: its answer may be forged. Only the paths asked are read, and only non-negative
+    integers; anything else leaves the problem unsized (no reservation, as before sizing)."""
+    from kaudit.dynamic import problem_sizing
+
+    asked = "/problems/a.py"
+    forged = {"sizes": {
+        asked: {"params": True, "inputs": -5, "outputs": "1e12", "twins": 1.5},
+        "/elsewhere/b.py": {"params": 0, "inputs": 1, "outputs": 1, "twins": 1},
+        "/problems/c.py": "not a record"}}
+    monkeypatch.setattr(problem_sizing, "run_job",
+                        lambda job: RunResult(OK, value=forged))
+    assert problem_sizing.size_problems([asked, "/problems/c.py"], 42) == {
+        asked: None, "/problems/c.py": None}
+    forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": -1, "twins": 4,
+                              "inputs_changed": "yes"}
+    size = problem_sizing.size_problems([asked], 42)[asked]
+    assert size == problem_sizing.ProblemSize(0, 8, None, None, 0, False)
+    assert problem_sizing.reference_writes(size, 2) == 0
