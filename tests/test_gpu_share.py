@@ -1,12 +1,11 @@
-"""GPU memory shared by concurrent jobs and kaudit processes (`kaudit.dynamic.gpu_share`), the
-scan's bounded temporary disk (`scratch.start_budget`) and a problem's inputs written once and
-shared read-only (`runner.share_inputs`). No GPU: the lock protocol runs between real processes,
-and out-of-memory failures are simulated by jobs (or a fake launcher) that report one."""
+"""GPU memory shared by concurrent jobs and kaudit processes (`kaudit.dynamic.gpu_share`) and
+kaudit's own memory held by audits (`host_memory`); the temporary disk is test_scratch.py's.
+No GPU: the lock protocol runs between real processes, and out-of-memory failures are simulated
+by jobs (or a fake launcher) that report one."""
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import os
 import subprocess
@@ -50,17 +49,6 @@ def never_fits(args, out_dir):
 
 def wrong(args, out_dir):
     raise ValueError("not a memory problem")
-
-def write(args, out_dir):
-    for index in range(args["files"]):
-        with open(os.path.join(out_dir, f"blob{index}"), "wb") as handle:
-            handle.write(os.urandom(args["bytes"]))
-    return {}
-
-def read_inputs(args, out_dir):
-    names = sorted(os.listdir(args["in_dir"]))
-    with open(os.path.join(args["in_dir"], "inputs_a.pt"), "rb") as handle:
-        return {"names": names, "data": handle.read().decode()}
 '''
 
 
@@ -334,12 +322,12 @@ def problems_on_a_fake_gpu(monkeypatch):
     real = runner._run_once
     state = {"fail": 0, "launches": []}
 
-    def launch(job: Job, disk: object | None = None) -> RunResult:
+    def launch(job: Job) -> RunResult:
         state["launches"].append(not shared_lock_free())
         if len(state["launches"]) <= state["fail"]:
             return RunResult(OOM, phase="forward", error_type="OutOfMemoryError",
                              error="CUDA out of memory. Tried to allocate 2.00 MiB")
-        result = real(dataclasses.replace(job, args={**job.args, "device": "cpu"}), disk)
+        result = real(dataclasses.replace(job, args={**job.args, "device": "cpu"}))
         state.setdefault("statuses", []).append(result.status)
         return result
 
@@ -404,54 +392,6 @@ def test_a_problem_short_of_memory_stops_at_once_when_it_will_run_again(problems
         "the first run ends at its float64 shortage; the run alone records it and goes on"
     (problem,) = report.problems
     assert problem.retried_alone_on_gpu and "KP502" in problem.codes(), problem.codes()
-
-
-# -- temporary disk --------------------------------------------------------------------------
-
-
-def test_a_job_over_the_temp_limit_fails_clearly_and_the_peak_is_reported(jobs):
-    scratch.start_budget(8 << 20)
-    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 1 << 20}, timeout=60)) as small:
-        assert small.ok, small.describe()
-    peak = scratch.usage()["peak_bytes"]
-    assert (1 << 20) <= peak < (8 << 20)
-    with run_job(Job(f"{jobs}:write", {"files": 12, "bytes": 1 << 20}, timeout=60)) as many:
-        assert many.status == ERROR and many.errno == errno.EDQUOT
-        assert "temporary files reached its limit of 8.0 MiB" in many.describe()
-    assert scratch.usage()["limit_bytes"] == 8 << 20 and scratch.usage()["peak_bytes"] > 8 << 20
-    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 12 << 20}, timeout=60)) as large:
-        assert large.errno == errno.EDQUOT, "one file is capped at what is left of the limit"
-    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 1 << 20}, timeout=60)) as after:
-        assert after.ok, "removed folders give their room back: the scan goes on"
-
-
-def test_no_temp_limit():
-    assert scratch.start_budget(0).limit is None
-    assert scratch.left() is None
-    assert scratch.start_budget(None).limit == scratch.default_temp_limit()
-
-
-# -- shared inputs ---------------------------------------------------------------------------
-
-
-def test_inputs_are_moved_once_and_shared_read_only(jobs, tmp_path):
-    with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 8}, timeout=60)) as reference:
-        reference.path("blob0").write_text("inputs")
-        os.rename(reference.path("blob0"), reference.out_dir / "inputs_a.pt")
-        (reference.out_dir / "ref_a.pt").write_text("the reference output")
-        shared = runner.share_inputs(reference, ["inputs_a.pt"])
-        assert reference.files() == ["ref_a.pt"], "moved, not copied"
-    try:
-        assert oct((shared.path("inputs_a.pt")).stat().st_mode & 0o777) == "0o444"
-        for _ in range(2):
-            with run_job(Job(f"{jobs}:read_inputs", timeout=60, inputs=shared)) as result:
-                assert result.value == {"names": ["inputs_a.pt"], "data": "inputs"}
-        os.chmod(shared.path("inputs_a.pt"), 0o644)  # what a job without the sandbox could do
-        with pytest.raises(runner.InputsChanged):
-            run_job(Job(f"{jobs}:read_inputs", timeout=60, inputs=shared))
-    finally:
-        scratch.remove(shared.folder)
-    assert not shared.folder.exists()
 
 
 # -- what the audits hold in kaudit's own memory ---------------------------------------------------
@@ -532,296 +472,3 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     expected = problems.PEAK_MARGIN * (problems.PEAK_INPUTS * inputs
                                        + problems.PEAK_OUTPUTS * outputs) / total
     assert needs == {files[0]: pytest.approx(expected)}, "a problem that cannot be sized is left out"
-
-
-def test_jobs_that_say_what_they_write_wait_for_room_instead_of_failing(jobs):
-    """Folders are measured when their jobs end: two jobs that each write 5 MiB at once under an
-    8 MiB limit both finished over it. Reserving first, the second waits for the first."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kaudit.dynamic.runner import job_seconds
-
-    scratch.start_budget(8 << 20)
-
-    def write(_: int) -> tuple[bool, str, dict]:
-        with job_seconds() as seconds:
-            with run_job(Job(f"{jobs}:write", {"files": 5, "bytes": 1 << 20}, timeout=60,
-                             disk_estimate=5 << 20)) as result:
-                time.sleep(0.5)  # its result stays open a while, as a judged kernel's does
-                return result.ok, result.describe(), seconds
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(pool.map(write, range(2)))
-    assert all(ok for ok, _, _ in outcomes), [why for _, why, _ in outcomes]
-    waits = sorted(seconds["disk_wait"] for _, _, seconds in outcomes)
-    assert waits[0] < 0.1 and waits[1] >= 0.4, "the second waited for the first's result"
-    assert scratch.left() == 8 << 20, "every reservation and folder given back"
-    scratch.start_budget(0)
-
-
-def test_disk_reservations_are_granted_in_order_of_arrival():
-    """A large job waiting for room is not overtaken by small ones that would fit beside the
-    jobs running: it would wait for as long as they keep coming."""
-    scratch.start_budget(10 << 20)
-    running, _ = scratch.reserve(4 << 20)
-    order: list[str] = []
-
-    def ask(name: str, nbytes: int) -> None:
-        token, _ = scratch.reserve(nbytes)
-        order.append(name)
-        time.sleep(0.2)
-        scratch.release(token)
-
-    large = threading.Thread(target=ask, args=("large", 9 << 20))
-    large.start()
-    time.sleep(0.2)
-    small = threading.Thread(target=ask, args=("small", 4 << 20))
-    small.start()
-    time.sleep(0.2)
-    try:
-        assert order == [], "the small job fits beside the running one, but waits its turn"
-    finally:
-        scratch.release(running)
-        large.join(10)
-        small.join(10)
-        scratch.start_budget(0)
-    assert order == ["large", "small"]
-
-
-def test_a_reservation_is_not_counted_as_written(jobs):
-    """Reservations decide only when a job that reserves may start: a job that reserved nothing
-    (a reference job) is not failed, nor its files capped, for room others only reserved."""
-    scratch.start_budget(10 << 20)
-    try:
-        held, _ = scratch.reserve(12 << 20)  # more than the limit: granted, no one else reserved
-        with run_job(Job(f"{jobs}:write", {"files": 3, "bytes": 1 << 20}, timeout=60)) as result:
-            assert result.ok, result.describe()
-        assert scratch.usage()["peak_bytes"] < 5 << 20, "the peak is what was on disk"
-        scratch.release(held)
-    finally:
-        scratch.start_budget(0)
-
-
-def test_a_job_waiting_for_disk_moves_to_a_new_scans_budget():
-    scratch.start_budget(10 << 20)
-    held, _ = scratch.reserve(8 << 20)
-    granted: list[object] = []
-    waiter = threading.Thread(target=lambda: granted.append(scratch.reserve(8 << 20)[0]))
-    waiter.start()
-    time.sleep(0.2)
-    assert not granted, "no room beside the first reservation"
-    scratch.start_budget(0)  # the next scan has no limit: nothing to reserve
-    waiter.join(10)
-    assert granted == [None]
-    scratch.release(held)
-
-
-def test_a_kernels_reference_job_reserves_the_disk_its_problem_is_sized_to_write(monkeypatch):
-    """Reference jobs reserved nothing: on the H200 fourteen of them at once, up to 17.5 GiB
-    each, filled the 64 GiB disk (KD504). The problem is now sized on the meta device (once per
-    text), its job reserves what it writes, and gives that back once its files are measured."""
-    pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    from kaudit.dynamic import kernels, problem_sizing
-    from kaudit.dynamic.options import DynamicOptions
-    from tests.conftest import DYNAMIC_FIXTURES
-
-    problem = str(ROOT / "fixtures" / "problems" / "good_matmul.py")
-    size = problem_sizing.size_problems([problem], 42)[problem]
-    # (64, 128) and (128, 64) float32 inputs, one (64, 64) float32 output, no parameters
-    assert size == problem_sizing.ProblemSize(0, 2 * 64 * 128 * 4, 64 * 64 * 4, 64 * 64 * 8)
-    # inputs A and B, the state, outputs A and B, and per other scale an output and a float64 one
-    assert problem_sizing.reference_writes(size, 2) == 2 * size.inputs + 4 * size.outputs + \
-        2 * 8 * 64 * 64 + 9 * problem_sizing.SAVE_OVERHEAD
-    assert problem_sizing.reference_writes(dataclasses.replace(size, outputs=None), 2) == 0
-
-    sized, reserved = [], []
-    real_size, real_reserve = problem_sizing.size_problems, scratch.reserve
-    monkeypatch.setattr(problem_sizing, "size_problems",
-                        lambda paths, seed, *a: sized.append(paths) or real_size(paths, seed))
-    monkeypatch.setattr(scratch, "reserve",
-                        lambda nbytes: reserved.append(nbytes) or real_reserve(nbytes))
-    monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
-    monkeypatch.setattr(problem_sizing, "sizes", problem_sizing.SizeMemo())
-    limit = 1 << 40
-    scratch.start_budget(limit)
-    kernel = DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py"
-    options = DynamicOptions(device="cpu", timeout=240)
-    linear = kernel.parent / "problem.py"
-    for _ in range(2):
-        run = kernels.audit_kernel(str(kernel), "kernel.py", kernel.read_text(), options, "cpu")
-        assert run.status == "ok", run.findings
-    linear_size = real_size([str(linear)], 42)[str(linear)]
-    expected = problem_sizing.reference_writes(linear_size, len(options.scales) - 1)
-    assert expected > 0 and reserved.count(expected) == 2, reserved
-    assert sized == [[str(linear)]], "one sizing job for the problem's text"
-    assert scratch.left() == limit, "every reservation given back"
-    scratch.start_budget(0)
-
-
-
-
-def test_audits_waiting_for_memory_and_disk_do_not_wait_for_each_other(monkeypatch, tmp_path):
-    """Lock order: an audit waits for kaudit's memory holding no disk reservation. With its
-    reference job's reservation held through that wait, one audit held memory and waited for
-    disk while the other held disk and waited for memory: on the H200 fourteen audits finished
-    nothing in three minutes. Here memory fits one audit at a time and the disk limit fits one
-    reference job's reservation beside a kernel job's."""
-    pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    from kaudit.dynamic import kernels, problem_sizing
-    from kaudit.dynamic.options import DynamicOptions
-    from tests.conftest import DYNAMIC_FIXTURES
-
-    monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
-    monkeypatch.setattr(problem_sizing, "sizes", problem_sizing.SizeMemo())
-    monkeypatch.setattr(host_memory, "_ledger", Ledger(1.0))  # each audit alone in memory
-    linear = DYNAMIC_FIXTURES / "good_pytorch_linear"
-    kernel_text = (linear / "kernel.py").read_text()
-    # the same problem with a 1024 x 1024 output (4 MiB): what jobs write is mostly outputs
-    heavy = (linear / "problem.py").read_text().replace("randn(32, 64)", "randn(1024, 64)")
-    heavy = heavy.replace("return [64, 48]", "return [64, 1024]")
-    assert "1024, 64" in heavy and "[64, 1024]" in heavy
-    files = []
-    for index in range(2):
-        folder = tmp_path / f"k{index}"
-        folder.mkdir()
-        (folder / "problem.py").write_text(heavy)
-        (folder / "kernel.py").write_text(kernel_text + f"\n# copy {index}\n")
-        files.append(folder / "kernel.py")
-    problem = str(tmp_path / "k0" / "problem.py")
-    writes = problem_sizing.reference_writes(problem_sizing.size_problems([problem], 42)[problem],
-                                             2)
-    output = 1024 * 1024 * 4
-    # one reference folder on disk, its reservation and a kernel job's reservation are over
-    # the limit; the folder and the kernel job's reservation are not
-    scratch.start_budget(writes + kernels.JOB_WRITES * output + 4 * output)
-    runs = {}
-
-    def audit(file: Path) -> None:
-        runs[file] = kernels.audit_kernel(str(file), file.parent.name, file.read_text(),
-                                          DynamicOptions(device="cpu", timeout=120), "cpu")
-
-    threads = [threading.Thread(target=audit, args=(f,), daemon=True) for f in files]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=240)
-    try:
-        assert all(not t.is_alive() for t in threads), "the audits waited for each other"
-        assert [runs[f].status for f in files] == ["ok", "ok"], [runs[f].findings for f in files]
-    finally:
-        scratch.start_budget(0)
-
-
-def test_a_reference_job_sized_over_the_whole_limit_is_not_run(monkeypatch):
-    """It would wait until every other job had ended, then fail on the limit: KD504 at once,
-    with the size and the limit."""
-    pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    from kaudit.dynamic import kernels, problem_sizing
-    from kaudit.dynamic.options import DynamicOptions
-    from tests.conftest import DYNAMIC_FIXTURES
-
-    monkeypatch.setattr(kernels, "SIZED_DEVICES", ("cpu",))
-    sized = problem_sizing.ProblemSize(0, 20 << 30, 4 << 30, 8 << 30)  # a level-1 problem's
-    monkeypatch.setattr(problem_sizing.sizes, "size", lambda path, seed: sized)
-    ran = []
-    monkeypatch.setattr(kernels, "run_job", lambda job: ran.append(job) or None)
-    scratch.start_budget(30 << 30)
-    try:
-        kernel = DYNAMIC_FIXTURES / "good_pytorch_linear" / "kernel.py"
-        run = kernels.audit_kernel(str(kernel), "kernel.py", kernel.read_text(),
-                                   DynamicOptions(device="cpu", timeout=240), "cpu")
-    finally:
-        scratch.start_budget(0)
-    assert ran == [] and run.status == "incomplete"
-    [finding] = run.findings
-    assert finding.rule == "KD504" and "--temp-limit" in finding.message
-    assert finding.metrics["estimate_bytes"] == problem_sizing.reference_writes(sized, 2)
-    assert finding.metrics["limit_bytes"] == 30 << 30
-
-
-SIZED_PROBLEM = """
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self, table):
-        super().__init__()
-        self.register_buffer("table", table.clone())
-
-    def forward(self, x):
-        x.mul_(2)  # changes its input, as an `out=` buffer would
-        return torch.fft.fft(x)  # a complex output: its float64 twin is complex128
-
-
-def get_inputs():
-    return [torch.randn(256, 512)]
-
-
-def get_init_inputs():
-    return [torch.randn(128, 128)]
-"""
-
-
-def test_the_sized_estimate_covers_what_the_reference_job_writes(tmp_path):
-    """Ground truth: the files of a real reference job. A problem whose forward changes its
-    input (saved again after forward), with a complex output (a complex128 twin) and a tensor
-    among its init inputs (saved in init.pt) was under-reserved by a sixth."""
-    pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    from kaudit.dynamic import problem_sizing
-    from kaudit.dynamic.kernels import REFERENCE_TARGET
-
-    problem = tmp_path / "problem.py"
-    problem.write_text(SIZED_PROBLEM)
-    size = problem_sizing.size_problems([str(problem)], 42)[str(problem)]
-    assert size is not None and size.inputs_changed and size.twins == 256 * 512 * 16
-    assert size.init == 128 * 128 * 4
-    estimate = problem_sizing.reference_writes(size, 2)
-    job = Job(REFERENCE_TARGET, {"problem": str(problem), "device": "cpu", "init_seed": 42,
-                                 "seeds": [0, 1], "scales": [1e-3, 1e3]},
-              timeout=120, visible=(str(tmp_path),))
-    with run_job(job) as result:
-        assert result.ok, result.describe()
-        written = sum(result.path(name).stat().st_size for name in result.files())
-    assert written <= estimate <= 1.05 * written
-
-
-def test_a_problem_that_cannot_be_sized_is_none_and_a_failed_sizing_is_tried_again(
-        monkeypatch, tmp_path):
-    pytest.importorskip("torch", reason="the dynamic pass needs torch")
-    from kaudit.dynamic import problem_sizing
-
-    unsized = tmp_path / "problem.py"
-    unsized.write_text("raise ImportError('no such module')\n")
-    assert problem_sizing.size_problems([str(unsized)], 42) == {str(unsized): None}
-    calls = []
-    real = problem_sizing.size_problems
-    monkeypatch.setattr(problem_sizing, "size_problems",
-                        lambda paths, seed: calls.append(paths) or (
-                            {} if len(calls) == 1 else real(paths, seed)))
-    memo = problem_sizing.SizeMemo()
-    assert memo.size(str(unsized), 42) is None  # the job failed: not remembered
-    assert memo.size(str(unsized), 42) is None and memo.size(str(unsized), 42) is None
-    assert len(calls) == 2, "unsizable is remembered; a failed job is not"
-
-
-def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
-    """The sizing job runs problem code, and a record-based tree (CUDA-L1, JSONL) supplies that
-    code: its answer may be forged. Only the paths asked are read, and only non-negative
-    integers; anything else leaves the problem unsized (no reservation, as before sizing)."""
-    from kaudit.dynamic import problem_sizing
-
-    asked = "/problems/a.py"
-    forged = {"sizes": {
-        asked: {"params": True, "inputs": -5, "outputs": "1e12", "twins": 1.5},
-        "/elsewhere/b.py": {"params": 0, "inputs": 1, "outputs": 1, "twins": 1},
-        "/problems/c.py": "not a record"}}
-    monkeypatch.setattr(problem_sizing, "run_job",
-                        lambda job: RunResult(OK, value=forged))
-    assert problem_sizing.size_problems([asked, "/problems/c.py"], 42) == {
-        asked: None, "/problems/c.py": None}
-    forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": -1, "twins": 4,
-                              "inputs_changed": "yes"}
-    size = problem_sizing.size_problems([asked], 42)[asked]
-    assert size == problem_sizing.ProblemSize(0, 8, None, None, 0, False)
-    assert problem_sizing.reference_writes(size, 2) == 0

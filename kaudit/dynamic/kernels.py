@@ -362,23 +362,21 @@ def _record_reference(item: WorkItem) -> str | None:
     return None
 
 
-#: a kernel's job writes up to this many times its reference's first output file
-JOB_WRITES = 12
 #: devices on which a kernel's problem is sized before its reference job runs, to reserve the
-#: disk that job writes: on the GPU host, fourteen reference jobs of level-1 problems at once
-#: (up to 17.5 GiB each) filled its 64 GiB disk. On the CPU problems are small, and each audit
-#: would pay one more job
+#: disk its audit writes: on the GPU host, fourteen audits of level-1 problems at once (up to
+#: 50 GiB each) filled its 64 GiB disk. On the CPU problems are small, and each audit would pay
+#: one more job
 SIZED_DEVICES = ("cuda",)
 
 
-def _reference_writes(problem: str, options: DynamicOptions, device: str, scales: int,
-                      limit: int | None) -> int:
-    """The bytes the reference job is expected to write, 0 when unknown or when the scan's
-    temporary disk has no `limit` (not reserved)."""
+def _audit_writes(problem: str, options: DynamicOptions, device: str, scales: int,
+                  limit: int | None) -> int:
+    """The bytes the audit's jobs are expected to hold at most, 0 when unknown or when the
+    scan's temporary disk has no `limit` (not reserved)."""
     if device not in SIZED_DEVICES or limit is None:
         return 0
     size = problem_sizing.sizes.size(problem, options.init_seed)
-    return problem_sizing.reference_writes(size, scales) if size is not None else 0
+    return problem_sizing.audit_writes(size, scales) if size is not None else 0
 
 
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
@@ -430,22 +428,25 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
               "cpu_limit": cpu_seconds, "gpu": gpu}
     limit = scratch.usage()["limit_bytes"]
-    writes = _reference_writes(problem, options, device, len(scales), limit)
+    writes = _audit_writes(problem, options, device, len(scales), limit)
     if limit is not None and writes > limit:
-        # it would wait for every other job to end, then fail on the limit
+        # it would wait for every other audit to end, then fail on the limit
         run.status = "incomplete"
-        add("KD504", f"not audited: the reference problem's job would write about "
-            f"{format_size(writes)} (its inputs and outputs, sized on the meta device), more "
-            f"than the scan's temporary-disk limit of {format_size(limit)} (--temp-limit)",
+        add("KD504", f"not audited: the audit's jobs would hold about {format_size(writes)} "
+            f"(the problem's inputs and outputs, sized on the meta device), more than the "
+            f"scan's temporary-disk limit of {format_size(limit)} (--temp-limit)",
             estimate_bytes=writes, limit_bytes=limit)
         return
-    with contextlib.ExitStack() as held, \
-            run_job(Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
-                        disk_estimate=writes, **limits)) as reference_result:
-        # its folder was measured when it ended: the reservation only admitted it. Held on, it
-        # would wait for memory below in a cycle with an audit that holds memory and waits for
-        # disk (on the H200, fourteen audits finished nothing in three minutes)
-        reference_result.release_disk()
+    with contextlib.ExitStack() as held:
+        # the whole audit's room, once, before anything else is held: an audit that holds
+        # kaudit's memory or the GPU never waits for disk, so no two audits wait for each other
+        limits["disk"], waited = scratch.reserve(writes)
+        held.callback(scratch.release, limits["disk"])
+        if limits["disk"] is not None:
+            add_job_seconds("disk_wait", waited)
+        reference_result = held.enter_context(run_job(
+            Job(REFERENCE_TARGET, common, env=env, visible=(os.path.dirname(problem),),
+                **limits)))
         if not reference_result.ok:
             run.status = "reference-failed"
             if reference_result.phase is None:
@@ -466,10 +467,6 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                  for name in reference_result.files() if name.startswith("ref")}
         add_job_seconds("memory_wait",
                         held.enter_context(host_memory.holding(sum(sizes.values()))))
-        # the kernel's jobs write its outputs again and again (the candidate's poisoned, fresh,
-        # repeated and scaled calls; the plain run's calls): reserved before each starts. A
-        # missing first output is the reference's failure, reported (KD503) below
-        limits["disk_estimate"] = JOB_WRITES * sizes.get("ref_a.pt", 0)
         loading = time.monotonic()
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
@@ -489,7 +486,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 reference_result.path(name).unlink()
         shared = share_inputs(reference_result, [
             name for name in reference_result.files()
-            if name.startswith("inputs_") or name == "init.pt"])
+            if name.startswith("inputs_") or name == "init.pt"], limits["disk"])
         inputs = LazyInputs(shared, dict(zip(keys, scales)))
         try:
             interpreted = device == "cpu" and uses_triton(text)

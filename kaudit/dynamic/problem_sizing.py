@@ -1,8 +1,8 @@
 """Problems sized before they run. One CPU job (`harness/problem_sizes.py`) measures, on torch's
 meta device, the bytes of each problem's parameters, inputs and outputs, in seconds and without
 memory or a GPU. `kaudit problems` asks each problem's GPU share from them (`problems.gpu_needs`);
-`scan --dynamic` reserves the temporary disk a kernel's reference job will write
-(`reference_writes`) before that job starts, instead of learning it when the disk is full."""
+`scan --dynamic` reserves the temporary disk a kernel's audit will write (`audit_writes`)
+before its first job starts, instead of learning it when the disk is full."""
 
 from __future__ import annotations
 
@@ -80,6 +80,23 @@ def reference_writes(size: ProblemSize, scales: int) -> int:
     files = input_files + 1 + 2 + 2 * scales
     return (input_files * size.inputs + size.params + size.init + (2 + scales) * size.outputs
             + scales * size.twins + files * SAVE_OVERHEAD)
+
+
+#: a kernel's job writes up to this many outputs (the candidate's poisoned, fresh, repeated and
+#: scaled calls; the plain run's calls)
+JOB_WRITES = 12
+
+
+def audit_writes(size: ProblemSize, scales: int) -> int:
+    """What a kernel's audit holds on the temporary disk at most: its reference job's files
+    (`reference_writes`), then the inputs and state its kernel's jobs share with one job's
+    JOB_WRITES outputs; 0 (unknown) when the outputs could not be sized."""
+    reference = reference_writes(size, scales)
+    if not reference:
+        return 0
+    input_files = 4 if size.inputs_changed else 2
+    shared = input_files * size.inputs + size.params + size.init
+    return max(reference, shared + JOB_WRITES * (size.outputs or 0))
 
 
 class SizeMemo:

@@ -104,9 +104,9 @@ class Job:
     #: the GPU it runs on (CUDA_VISIBLE_DEVICES, its memory cap, the GPU's lock and the retry of
     #: an out-of-memory failure alone on it: `gpu_share`); None on CPU
     gpu: gpu_share.GpuClaim | None = None
-    #: bytes it is expected to write, reserved against the scan's --temp-limit before it starts
-    #: (`scratch.reserve`); 0: unknown
-    disk_estimate: int = 0
+    #: the room its audit reserved on the scan's temporary disk (`scratch.reserve`): its folder
+    #: is charged to it, and it may write what is left of it; None: what is left of the limit
+    disk: scratch.Reservation | None = None
 
 
 @dataclass
@@ -136,7 +136,6 @@ class RunResult:
     #: (`phase_seconds`): it may have run code under audit
     phases: dict[str, float] = field(default_factory=dict)
     _root: Path | None = field(default=None, repr=False)
-    _disk: object | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -210,13 +209,6 @@ class RunResult:
         if self._root is not None:
             scratch.remove(self._root)
             self._root = None
-        self.release_disk()
-
-    def release_disk(self) -> None:
-        """Give back the job's reservation of temporary disk (`Job.disk_estimate`) before the
-        result is closed: its files are gone, or measured as a live folder (`scratch.charge`)."""
-        scratch.release(self._disk)
-        self._disk = None
 
     def __enter__(self) -> RunResult:
         return self
@@ -262,17 +254,19 @@ def _signature(folder: Path) -> tuple:
     return tuple(found)
 
 
-def share_inputs(result: RunResult, names: list[str]) -> SharedInputs:
+def share_inputs(result: RunResult, names: list[str],
+                 disk: scratch.Reservation | None = None) -> SharedInputs:
     """Move the files `names` out of a finished job's output folder into a folder of their own,
     read-only: a problem's inputs, handed to each of its later jobs (`Job.inputs`) instead of a
-    copy per job. Remove it with `scratch.remove(shared.folder)`."""
+    copy per job, charged to `disk` (the audit's reservation). Remove it with
+    `scratch.remove(shared.folder)`."""
     folder = scratch.folder()
     try:
         for name in names:
             os.replace(result.path(name), folder / name)
-        scratch.charge(folder)
+        scratch.charge(folder, disk)
         if result.root is not None:
-            scratch.charge(result.root)
+            scratch.charge(result.root, disk)
         return SharedInputs.seal(folder)
     except BaseException:
         scratch.remove(folder)
@@ -351,23 +345,13 @@ def run_job(job: Job) -> RunResult:
     sandbox cannot be built, and OSError when the job's folder cannot be made (a full disk):
     nothing ran then."""
     started = time.monotonic()
-    # before the GPU: a job waiting for disk holds no share of it; one reservation for all its runs
-    disk, waited = scratch.reserve(job.disk_estimate)
-    if disk is not None:
-        add_job_seconds("disk_wait", waited)
     try:
         if job.gpu is not None:
             placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
-            result = gpu_share.run_claimed(placed, job.gpu,
-                                           lambda one: _run_once(one, disk))
+            result = gpu_share.run_claimed(placed, job.gpu, _run_once)
             add_job_seconds("gpu_wait", result.gpu_wait_s)
-        else:
-            result = _run_once(job, disk)
-        result._disk = disk  # given back when the result is closed
-        return result
-    except BaseException:
-        scratch.release(disk)
-        raise
+            return result
+        return _run_once(job)
     finally:
         seconds = _job_seconds.get()
         if seconds is not None:
@@ -375,14 +359,14 @@ def run_job(job: Job) -> RunResult:
             seconds[kind] = seconds.get(kind, 0.0) + time.monotonic() - started
 
 
-def _run_once(job: Job, disk: object | None = None) -> RunResult:
-    """One run of `job`; `disk`: its reservation of the temporary disk (`scratch.reserve`)."""
+def _run_once(job: Job) -> RunResult:
+    """One run of `job`."""
     sandbox.protect_parent()
     confined = sandbox.active()
     root = scratch.folder()
     cgroup = sandbox.job_cgroup(job.memory_limit)
     try:
-        result = _run(job, root, confined, cgroup, disk)
+        result = _run(job, root, confined, cgroup)
         # every run's phases, a run that ran out of GPU memory before its retry included
         for name, seconds in phase_seconds(result.phases, _kind(job.target)).items():
             add_job_seconds(name, seconds)
@@ -395,8 +379,7 @@ def _run_once(job: Job, disk: object | None = None) -> RunResult:
             cgroup.remove()
 
 
-def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
-         disk: object | None) -> RunResult:
+def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None) -> RunResult:
     work, out, tmp, lib = (root / name for name in FOLDERS)
     for folder in (work, out, tmp, lib):
         folder.mkdir()
@@ -408,7 +391,7 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
         job.inputs.check()
         visible.append(str(job.inputs.folder))
         args["in_dir"] = str(job.inputs.folder)
-    allowance = scratch.left(disk)
+    allowance = scratch.left(job.disk)
     file_size_limit = job.file_size_limit if allowance is None else \
         max(1 << 20, min(job.file_size_limit, allowance))
     where, _, _ = job.target.rpartition(":")
@@ -447,19 +430,21 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
     result.stdout_tail = _tail(stdout_path)
     result.stderr_tail = _tail(stderr_path)
     _interpret(result, result_path, end.timed_out)
-    _check_temp_limit(result, root,
+    _check_temp_limit(result, root, job.disk,
                       file_size_limit if file_size_limit < job.file_size_limit else None)
     return result
 
 
-def _check_temp_limit(result: RunResult, root: Path, cap: int | None) -> None:
-    """Charge the job's folder to the scan's temporary disk; a job that took the total over the
-    limit, or failed on a file as large as `cap` (what was left of the limit when it started),
-    failed on the limit (EDQUOT)."""
-    size = scratch.charge(root)
+def _check_temp_limit(result: RunResult, root: Path, disk: scratch.Reservation | None,
+                      cap: int | None) -> None:
+    """Charge the job's folder to the scan's temporary disk (to `disk`, its audit's reservation);
+    a job that failed on a file as large as `cap` (what was left to it when it started), or took
+    the total over the limit writing more than its audit reserved, failed on the limit (EDQUOT).
+    A job within its audit's reservation is not failed for another audit's excess."""
+    size = scratch.charge(root, disk)
     hit_cap = cap is not None and not result.ok and (
         result.errno == errno.EFBIG or _largest_file(root) >= cap)
-    if scratch.over_limit() is None and not hit_cap:
+    if not hit_cap and (scratch.over_limit() is None or scratch.within(disk)):
         return
     from kaudit.dynamic.limits import format_size
 

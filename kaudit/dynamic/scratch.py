@@ -12,7 +12,7 @@ The temporary disk of a scan is bounded (`--temp-limit`, `start_budget`): each j
 measured when the job ends (`charge`: blocks in use, the inputs folders shared by a problem's jobs
 too), the peak of all live folders together is reported (`usage`), and the runner caps each file
 a job writes at what is left (`left`) and fails a job whose folder takes the total over the limit.
-A job that says what it will write (`Job.disk_estimate`) first reserves it (`reserve`).
+An audit that knows what its jobs will write first reserves it (`reserve`, `Job.disk`).
 """
 
 from __future__ import annotations
@@ -42,21 +42,41 @@ _on_terminate: list[Callable[[], None]] = []
 DEFAULT_TEMP_SHARE = 0.8
 
 
+class Reservation:
+    """Bytes of the scan's temporary disk held for one audit (`reserve`), and the folders its
+    jobs wrote (`charge`): what they hold counts against the limit once, as the larger of the
+    two, so an audit's own files never shrink the room it reserved."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.folders: set[Path] = set()
+
+
 class TempBudget:
     """The temporary-disk limit of one scan (bytes; None: none) and what its folders hold."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.live: dict[Path, int] = {}
-        #: what jobs are expected to write (`reserve`), from before they start until their
-        #: results are closed: it decides only whether a job may start and its file cap
-        self.reserved: dict[object, int] = {}
+        #: the audits holding room, from before their first job starts until they end
+        self.reserved: list[Reservation] = []
         self.waiting: deque[object] = deque()
         self.peak = 0
 
     def held(self) -> int:
         """What the live folders hold on disk."""
         return sum(self.live.values())
+
+    def held_by(self, reservation: Reservation) -> int:
+        return sum(self.live.get(path, 0) for path in reservation.folders)
+
+    def committed(self, leave_out: Reservation | None = None) -> int:
+        """What the live folders hold and the audits reserved, each audit counted once; without
+        `leave_out`'s audit."""
+        owned = {path for held in self.reserved for path in held.folders}
+        total = sum(size for path, size in self.live.items() if path not in owned)
+        return total + sum(max(held.nbytes, self.held_by(held)) for held in self.reserved
+                           if held is not leave_out)
 
     def usage(self) -> dict[str, int | None]:
         return {"limit_bytes": self.limit, "peak_bytes": self.peak}
@@ -85,58 +105,66 @@ def start_budget(limit: int | None) -> TempBudget:
         return _budget
 
 
-def left(reservation: object | None = None) -> int | None:
-    """Bytes of the limit not held by live folders (None without a limit); for a job holding
-    `reservation`, less what the other jobs reserved."""
+def left(reservation: Reservation | None = None) -> int | None:
+    """Bytes a job may still write (None without a limit): for a job of `reservation`'s audit,
+    the limit less what the other audits committed and what its own folders hold; for a job of
+    none (a problem not sized), the limit less what is on disk: it is not failed for room
+    others only reserved."""
     with _lock:
         if _budget.limit is None:
             return None
-        others = sum(n for token, n in _budget.reserved.items() if token is not reservation) \
-            if reservation is not None else 0
-        return max(0, _budget.limit - _budget.held() - others)
+        if reservation is None:
+            return max(0, _budget.limit - _budget.held())
+        return max(0, _budget.limit - _budget.committed(leave_out=reservation)
+                   - _budget.held_by(reservation))
 
 
-def charge(path: Path) -> int:
-    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders;
-    returns its size."""
+def charge(path: Path, reservation: Reservation | None = None) -> int:
+    """Measure `path` (blocks in use, links not followed) as one of the scan's live folders, of
+    `reservation`'s audit if given; returns its size."""
     size = disk_usage(path)
     with _lock:
         _budget.live[path] = size
+        if reservation is not None:
+            reservation.folders.add(path)
         _budget.peak = max(_budget.peak, _budget.held())
     return size
 
 
-def reserve(nbytes: int) -> tuple[object | None, float]:
-    """Hold `nbytes` of the limit for a job about to write about that much, until `release`;
-    returns the token (None without a limit) and the seconds waited. Folders are measured only
-    when their jobs end, so fourteen jobs at once could each write what was left (on the H200 the
-    disk filled): a job waits, in order of arrival, until the live folders and the other
-    reservations leave it room. It never waits for folders alone (a waiting audit's own inputs
-    are among them), so with no reservation held it starts, whatever is held."""
+def reserve(nbytes: int) -> tuple[Reservation | None, float]:
+    """Hold `nbytes` of the limit for an audit about to write about that much (all its jobs),
+    until `release`; returns the reservation (None without a limit) and the seconds waited.
+    Folders are measured only when their jobs end, so fourteen audits at once could each write
+    what was left (on the H200 the disk filled, then jobs started with no room at all and
+    failed): an audit waits, in order of arrival, until the live folders and the other
+    reservations leave it room. With no reservation held it starts, whatever is held: an audit
+    larger than the limit is refused before it asks (`kernels`)."""
     if nbytes <= 0:
         return None, 0.0
     started = time.monotonic()
     with _room:
         while _budget.limit is not None:
             budget, token = _budget, object()
-            budget.waiting.append(token)  # in order of arrival: a large job is not starved
+            budget.waiting.append(token)  # in order of arrival: a large audit is not starved
             try:
                 _room.wait_for(lambda: budget is not _budget or budget.waiting[0] is token and (
-                    not budget.reserved or budget.held() + sum(budget.reserved.values())
-                    + nbytes <= (budget.limit or 0)))
+                    not budget.reserved
+                    or budget.committed() + nbytes <= (budget.limit or 0)))
             finally:
                 budget.waiting.remove(token)
                 _room.notify_all()
             if budget is _budget:  # else a new scan's budget: ask it instead
-                budget.reserved[token] = nbytes
-                return token, time.monotonic() - started
+                reservation = Reservation(nbytes)
+                budget.reserved.append(reservation)
+                return reservation, time.monotonic() - started
     return None, 0.0
 
 
-def release(token: object | None) -> None:
-    """The job's result is closed."""
+def release(reservation: Reservation | None) -> None:
+    """The audit ended; its folders still live count as anyone's."""
     with _room:
-        if _budget.reserved.pop(token, None) is not None:
+        if reservation is not None and reservation in _budget.reserved:
+            _budget.reserved.remove(reservation)
             _room.notify_all()
 
 
@@ -145,6 +173,12 @@ def over_limit() -> int | None:
     with _lock:
         excess = None if _budget.limit is None else _budget.held() - _budget.limit
         return excess if excess is not None and excess > 0 else None
+
+
+def within(reservation: Reservation | None) -> bool:
+    """Whether `reservation`'s folders hold no more than it reserved (False without one)."""
+    with _lock:
+        return reservation is not None and _budget.held_by(reservation) <= reservation.nbytes
 
 
 def usage() -> dict[str, int | None]:
@@ -193,6 +227,8 @@ def remove(path: Path | None) -> None:
     with _room:
         _live.discard(path)
         if _budget.live.pop(path, None) is not None:
+            for reservation in _budget.reserved:
+                reservation.folders.discard(path)
             _room.notify_all()
 
 
