@@ -15,7 +15,7 @@
 # from .corpora/ (bench/corpora.sh makes it from clones of the public repositories; keep it out of
 # git with .git/info/exclude); on a machine without kaudit's dependencies, wheels in .whl/ are
 # installed first. DEV=cpu runs the same checks on the CPU (to try the script).
-# `python bench/gpu_report.py res.tgz` makes the tables.
+# `python bench/gpu_report.py res.tgz` makes the tables; machine.txt samples the machine every 15 s.
 # A check's remainder after a run cut short: ADV_K (pytest -k for adversarial), FIXTURES (kernel
 # files), KBX_DONE (record line numbers already judged). PROBLEM_JOBS: `problems`' -j (default 8);
 # CUDAL1_JOBS: `cudal1_full`'s (default 14).
@@ -29,6 +29,9 @@ if ! python3 -c "import tree_sitter, sarif_om" 2>/dev/null && ls .whl/*.whl >/de
   # the source tree as kaudit (its rules/ folder is kaudit.rules)
   ln -sfn ../rules kaudit/rules; export PYTHONPATH=$PWD:/tmp/site
 fi
+# kaudit's key (which signs the result and build caches) in .kwork: a new command may not keep the
+# home folder, and a cache signed with another key is not trusted (the warm corpus run built again)
+export XDG_CONFIG_HOME=$PWD/.kwork/config
 export R L K="python3 -m kaudit scan --dynamic --device $DEV --fail-on never --no-cache -f json"
 say() { echo "== $(date +%T) $*" >> "$L"; }
 pack() {  # the corpus runs' streams too: a run killed by its limit leaves only those
@@ -93,9 +96,7 @@ rest = {level: [e for e in tasks if (level, e["task_id"]) not in done]
         for level, tasks in json.load(open(entries)).items()}
 json.dump(rest, open(".corpora/cudal1/h100_rest.json", "w"), indent=1)
 PY
-      # kaudit's key (which signs the result cache) beside the caches: a new command may not
-      # keep the home folder, and results under another key are audited again
-      XDG_CACHE_HOME=$PWD/.kwork/xdg XDG_CONFIG_HOME=$PWD/.kwork/config python3 -m kaudit scan \
+      XDG_CACHE_HOME=$PWD/.kwork/xdg python3 -m kaudit scan \
         --dynamic --device $DEV --fail-on never -f json .corpora/cudal1/h100_rest.json \
         -j "${CUDAL1_JOBS:-14}" --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
         --stream "$R/cudal1_full.jsonl" -o "$R/cudal1_full.json" ;;
@@ -109,13 +110,21 @@ PY
   esac
 }
 export -f check scan say
+# what the machine does meanwhile (CPU busy or waiting for the disk, blocks written, compilers
+# running, the temporary disk): where a check's time goes when it does not finish
+( vmstat 1 1 | sed -n 2p; while :; do echo "$(date +%T) $(vmstat 1 2 | tail -1) compilers=$(
+    ps -eo comm | grep -cE '^(cc1plus|cicc|ptxas)$') tmp=$(df --output=used -BG /tmp | tail -1)"
+  sleep 15; done ) > "$R/machine.txt" 2>&1 &
+WATCH=$!
 for spec in "$@"; do
   name=${spec%%=*}; limit=300; [ "$spec" != "$name" ] && limit=${spec#*=}
   say "$name (limit ${limit} s)"; export LIMIT=$limit
   # timeout signals its whole process group: kaudit and its jobs end with the check
+  checks=()
   for one in ${name//+/ }; do
     { timeout -k 5 "$limit" bash -c 'check "$0"' "$one" > "$R/$one.txt" 2>&1; say "$one rc $?"; } &
+    checks+=($!)
   done
-  wait; pack
+  wait "${checks[@]}"; pack
 done
-say end; pack
+kill $WATCH 2>/dev/null; say end; pack

@@ -121,7 +121,8 @@ def test_forked_child_sees_exactly_the_scrubbed_and_job_environment(jobs, monkey
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
         "TMPDIR": str(tmp), "TRITON_CACHE_DIR": str(tmp / "triton"),
         "XDG_CACHE_HOME": str(tmp / "cache"), "CUDA_CACHE_PATH": str(tmp / "nv"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"), **job_env})
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"), "CUPY_CACHE_DIR": str(tmp / "cupy"),
+        **job_env})
     assert value["environ"] == expected
     assert value["c_environ"] == expected, "programs the job starts inherit the same environment"
     assert value["sys_path_0"] == value["cwd"]

@@ -45,7 +45,8 @@ from kaudit.dynamic import scratch
 #: when an extension is built. A variable missing here makes jobs that differ in it alternate
 #: between two servers, each started anew (seconds: it imports torch)
 JOB_ENV = ("TMPDIR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR",
-           "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "MAX_JOBS")
+           "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "CUPY_CACHE_DIR",
+           "MAX_JOBS")
 JOB_ENV_PREFIXES = ("TRITON_",)
 #: seconds the server may take to import torch and say it is ready
 START_TIMEOUT = 120.0

@@ -411,6 +411,8 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
         # caches a job writes, in its own folder: the home folder is read-only in the sandbox
         "TRITON_CACHE_DIR": str(tmp / "triton"), "XDG_CACHE_HOME": str(tmp / "cache"),
         "CUDA_CACHE_PATH": str(tmp / "nv"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
+        # CuPy compiles into ~/.cupy by default: a CUDA-L1 kernel failed there (KD501)
+        "CUPY_CACHE_DIR": str(tmp / "cupy"),
         **job.env})
     stdout_path, stderr_path = root / "stdout.txt", root / "stderr.txt"
     result = RunResult(status=CRASHED, out_dir=out, _root=root)
