@@ -13,13 +13,14 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from kaudit.dynamic import forkserver, sandbox
+from kaudit.dynamic import forkserver, sandbox, scratch
 from kaudit.dynamic.runner import (
     CRASHED,
     OK,
@@ -253,7 +254,7 @@ def test_server_leaves_with_kaudit(jobs, tmp_path):
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
-def test_server_and_its_jobs_leave_when_kaudit_dies(jobs, tmp_path):
+def test_server_and_its_jobs_leave_when_kaudit_dies(jobs, tmp_path, monkeypatch):
     marker = tmp_path / "parked.json"
     process = _kaudit_process(jobs, marker, seconds=3600, tmp=_empty(tmp_path / "tmp"))
     try:
@@ -265,8 +266,9 @@ def test_server_and_its_jobs_leave_when_kaudit_dies(jobs, tmp_path):
     assert parked["ppid"] != process.pid
     assert wait_until(lambda: not any(alive(parked[k]) for k in ("ppid", "pid", "helper")))
     leftovers = [p.name for p in (tmp_path / "tmp").iterdir()]
-    assert len(leftovers) <= 2, leftovers  # kaudit's folder and a job's: removed by the next
-    # kaudit after a day (scratch.remove_stale); the server removed its own
+    assert len(leftovers) <= 2, leftovers  # kaudit's folder and a job's; the server removed its own
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    assert sorted(scratch.remove_stale()) == sorted(leftovers), "the next kaudit removes them"
 
 
 def _empty(folder: Path) -> Path:

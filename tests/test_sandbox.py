@@ -250,6 +250,38 @@ def test_stale_folders_of_a_killed_run_are_removed(tmp_path, monkeypatch):
                                                          "unrelated"]
 
 
+def test_folders_of_a_kaudit_that_died_are_removed_at_once(tmp_path, monkeypatch):
+    """A scan killed on the H200 left 40 GiB for a day, and the next scan's default temp limit
+    (a share of what is free) shrank to a third. A folder whose owner process has ended, or
+    whose PID now names another process, goes at once; a live owner's, or one of another PID
+    namespace (not visible from here), waits for the day."""
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen(["sleep", "60"])
+    dead_identity = scratch._process_identity(ended.pid)
+    ended.kill()
+    ended.wait()
+    living = subprocess.Popen(["sleep", "60"])
+    try:
+        live_identity = scratch._process_identity(living.pid)
+        pid, start, namespace = live_identity.split()
+        owners = {"kaudit-dead1234": dead_identity, "kaudit-live1234": live_identity,
+                  "kaudit-reused12": f"{pid} {int(start) + 1} {namespace}",
+                  "kaudit-othern12": f"{ended.pid} {dead_identity.split()[1]} pid:[1]"}
+        for index, (name, owner) in enumerate(owners.items()):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / scratch.OWNER).write_text(owner)
+            (tmp_path / name / scratch.LIST).write_text(f"tmpjob{index}abcd\n")
+            (tmp_path / f"tmpjob{index}abcd").mkdir()
+        removed = scratch.remove_stale()
+    finally:
+        living.kill()
+        living.wait()
+    assert sorted(removed) == ["kaudit-dead1234", "kaudit-reused12", "tmpjob0abcd", "tmpjob2abcd"]
+
+
 SLEEPER = ("import time\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
            "    def forward(self, x):\n        time.sleep(600)\n        return x\n")
 PROBLEM = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"

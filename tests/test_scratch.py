@@ -153,6 +153,23 @@ def test_an_audits_own_folders_fill_its_reservation_and_are_not_counted_twice(jo
     assert scratch.left() == 10 << 20
 
 
+def test_a_reserved_audits_job_gets_the_rest_of_its_reservation_whatever_others_wrote(jobs):
+    """An audit whose problem could not be sized reserves nothing: its folders fill the limit
+    without asking. The reserved audit's next job still gets what it reserved (on the H200 it
+    got a 1 MiB cap and failed on the limit)."""
+    scratch.start_budget(8 << 20)
+    disk, _ = scratch.reserve(4 << 20)
+    try:
+        with run_job(Job(f"{jobs}:write", {"files": 6, "bytes": 1 << 20}, timeout=60)) as unsized:
+            assert unsized.ok, "6 MiB of the 8: within the limit"
+            assert scratch.left(disk) == 4 << 20, "its whole reservation"
+            with run_job(Job(f"{jobs}:write", {"files": 1, "bytes": 3 << 20}, timeout=60,
+                             disk=disk)) as reserved:
+                assert reserved.ok, reserved.describe()
+    finally:
+        scratch.release(disk)
+
+
 def test_a_job_within_its_audits_reservation_is_not_failed_for_anothers_excess(jobs):
     """An audit whose problem was sized too small writes past its reservation and takes the
     total over the limit: its job fails on the limit, the other audit's job within its own
@@ -218,6 +235,40 @@ def test_a_reservation_is_not_counted_as_written(jobs):
         scratch.release(held)
     finally:
         scratch.start_budget(0)
+
+
+def reserve_soon(nbytes: int, seconds: float = 0.5) -> scratch.Reservation | None:
+    """The reservation, if granted within `seconds` (else its thread waits on, until the test's
+    budget is replaced)."""
+    granted: list = []
+    asking = threading.Thread(target=lambda: granted.append(scratch.reserve(nbytes)[0]),
+                              daemon=True)
+    asking.start()
+    asking.join(seconds)
+    return granted[0] if granted else None
+
+
+def test_small_audits_go_before_a_large_one_waiting_within_their_share():
+    """On the H200 every audit queued behind level-1 problems of 20 to 50 GiB, each writing and
+    reading its outputs alone while the CPU sat idle. Small audits (a 64th of the limit) now
+    start beside a large one waiting, while the small ones hold at most an eighth."""
+    scratch.start_budget(64 << 20)
+    running = reserve_soon(40 << 20)
+    waiting: list = []
+    large = threading.Thread(target=lambda: waiting.append(scratch.reserve(40 << 20)[0]),
+                             daemon=True)
+    large.start()
+    time.sleep(0.2)
+    assert not waiting, "no room for a second large audit"
+    small = [reserve_soon(512 << 10) for _ in range(16)]
+    assert all(small), "small audits start beside the large one waiting"
+    assert reserve_soon(512 << 10) is None, "beyond their share of 8 MiB they wait in line"
+    assert reserve_soon(2 << 20) is None, "an audit over a 64th of the limit is not small"
+    scratch.release(running)
+    large.join(5)
+    assert waiting and waiting[0].nbytes == 40 << 20, "the large one goes next"
+    for held in [*small, *waiting]:
+        scratch.release(held)
 
 
 def test_a_job_waiting_for_disk_moves_to_a_new_scans_budget():

@@ -6,7 +6,9 @@ one folder per kaudit process, `TMPDIR/kaudit-<random>/`, which also lists the n
 its `folders` file. Everything is removed when it is no longer needed, at exit, and on SIGTERM and SIGINT
 (`exit_on_sigterm`, after the running jobs are killed). What a killed
 kaudit (SIGKILL) leaves behind is removed by the next one: `remove_stale()` deletes `kaudit-*`
-folders older than STALE_AFTER seconds and the neutral folders they list.
+folders whose owner (its `owner` file: process id, start time and PID namespace) is gone, or
+older than STALE_AFTER seconds, and the neutral folders they list. A scan killed on the H200
+left 40 GiB that shrank the next scan's default limit to a third.
 
 The temporary disk of a scan is bounded (`--temp-limit`, `start_budget`): each job's folder is
 measured when the job ends (`charge`: blocks in use, the inputs folders shared by a problem's jobs
@@ -31,6 +33,7 @@ from pathlib import Path
 
 PREFIX = "kaudit-"
 LIST = "folders"
+OWNER = "owner"
 #: seconds after which a kaudit temporary folder is taken to be left over by a killed run
 STALE_AFTER = 24 * 3600
 _NEUTRAL = re.compile(r"^tmp[a-z0-9_]{8}$")
@@ -40,6 +43,12 @@ _live: set[Path] = set()
 _on_terminate: list[Callable[[], None]] = []
 #: the default `--temp-limit`: this share of the free space of the temporary folder's disk
 DEFAULT_TEMP_SHARE = 0.8
+#: an audit that reserves at most this share of the limit is small: it need not wait behind a
+#: larger one waiting for room, while the small audits hold at most SMALL_SHARE of the limit.
+#: On the H200, fourteen audits queued behind level-1 problems of 20 to 50 GiB, which wrote and
+#: read their outputs one at a time while the CPU sat idle and no kernel compiled
+SMALL_AUDIT = 1 / 64
+SMALL_SHARE = 1 / 8
 
 
 class Reservation:
@@ -47,8 +56,9 @@ class Reservation:
     jobs wrote (`charge`): what they hold counts against the limit once, as the larger of the
     two, so an audit's own files never shrink the room it reserved."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, small: bool = False) -> None:
         self.nbytes = nbytes
+        self.small = small
         self.folders: set[Path] = set()
 
 
@@ -78,6 +88,17 @@ class TempBudget:
         return total + sum(max(held.nbytes, self.held_by(held)) for held in self.reserved
                            if held is not leave_out)
 
+    def admits(self, nbytes: int, first: bool) -> bool:
+        """Whether an audit asking `nbytes` may start: it fits beside what is committed (or
+        nothing is reserved), and it is `first` in line or small, within the small audits'
+        share."""
+        assert self.limit is not None
+        if self.reserved and self.committed() + nbytes > self.limit:
+            return False
+        small = sum(held.nbytes for held in self.reserved if held.small)
+        return first or (nbytes <= self.limit * SMALL_AUDIT
+                         and small + nbytes <= self.limit * SMALL_SHARE)
+
     def usage(self) -> dict[str, int | None]:
         return {"limit_bytes": self.limit, "peak_bytes": self.peak}
 
@@ -106,17 +127,20 @@ def start_budget(limit: int | None) -> TempBudget:
 
 
 def left(reservation: Reservation | None = None) -> int | None:
-    """Bytes a job may still write (None without a limit): for a job of `reservation`'s audit,
-    the limit less what the other audits committed and what its own folders hold; for a job of
-    none (a problem not sized), the limit less what is on disk: it is not failed for room
+    """Bytes a job may still write (None without a limit). For a job of `reservation`'s audit,
+    the rest of its reservation, or more where the limit less what the other audits committed
+    leaves more: folders of audits that reserved nothing (a problem not sized) fill the limit
+    without asking, and on the H200 a reserved audit's job then started with no room and failed
+    on the limit. For a job of none, the limit less what is on disk: it is not failed for room
     others only reserved."""
     with _lock:
         if _budget.limit is None:
             return None
         if reservation is None:
             return max(0, _budget.limit - _budget.held())
-        return max(0, _budget.limit - _budget.committed(leave_out=reservation)
-                   - _budget.held_by(reservation))
+        own = _budget.held_by(reservation)
+        return max(0, reservation.nbytes - own,
+                   _budget.limit - _budget.committed(leave_out=reservation) - own)
 
 
 def charge(path: Path, reservation: Reservation | None = None) -> int:
@@ -137,8 +161,9 @@ def reserve(nbytes: int) -> tuple[Reservation | None, float]:
     Folders are measured only when their jobs end, so fourteen audits at once could each write
     what was left (on the H200 the disk filled, then jobs started with no room at all and
     failed): an audit waits, in order of arrival, until the live folders and the other
-    reservations leave it room. With no reservation held it starts, whatever is held: an audit
-    larger than the limit is refused before it asks (`kernels`)."""
+    reservations leave it room; a small one (SMALL_AUDIT) may go before larger ones waiting.
+    With no reservation held it starts, whatever is held: an audit larger than the limit is
+    refused before it asks (`kernels`)."""
     if nbytes <= 0:
         return None, 0.0
     started = time.monotonic()
@@ -147,14 +172,13 @@ def reserve(nbytes: int) -> tuple[Reservation | None, float]:
             budget, token = _budget, object()
             budget.waiting.append(token)  # in order of arrival: a large audit is not starved
             try:
-                _room.wait_for(lambda: budget is not _budget or budget.waiting[0] is token and (
-                    not budget.reserved
-                    or budget.committed() + nbytes <= (budget.limit or 0)))
+                _room.wait_for(lambda: budget is not _budget or budget.admits(
+                    nbytes, budget.waiting[0] is token))
             finally:
                 budget.waiting.remove(token)
                 _room.notify_all()
             if budget is _budget:  # else a new scan's budget: ask it instead
-                reservation = Reservation(nbytes)
+                reservation = Reservation(nbytes, nbytes <= budget.limit * SMALL_AUDIT)
                 budget.reserved.append(reservation)
                 return reservation, time.monotonic() - started
     return None, 0.0
@@ -205,6 +229,7 @@ def own_folder() -> Path:
         if _own is None or not _own.is_dir():
             _own = Path(tempfile.mkdtemp(prefix=PREFIX))
             (_own / LIST).touch()
+            (_own / OWNER).write_text(_process_identity(os.getpid()) or "", encoding="utf-8")
             atexit.register(remove_all)
         return _own
 
@@ -252,8 +277,8 @@ def remove_stale(now: float | None = None) -> list[str]:
     removed = []
     for entry in root.glob(PREFIX + "*"):
         try:
-            if entry.is_symlink() or not entry.is_dir() or \
-                    now - entry.stat().st_mtime < STALE_AFTER or entry == _own:
+            if entry.is_symlink() or not entry.is_dir() or entry == _own or (
+                    now - entry.stat().st_mtime < STALE_AFTER and not _owner_gone(entry)):
                 continue
             listed = (entry / LIST).read_text(encoding="utf-8").split() \
                 if (entry / LIST).is_file() else []
@@ -267,6 +292,31 @@ def remove_stale(now: float | None = None) -> list[str]:
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry.name)
     return removed
+
+
+def _process_identity(pid: int) -> str | None:
+    """`PID START NAMESPACE`: the process's start time (clock ticks since boot) tells a reused
+    PID from its first owner; None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+        start = stat.rpartition(")")[2].split()[19]
+        return f"{pid} {start} {os.readlink('/proc/self/ns/pid')}"
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_gone(entry: Path) -> bool:
+    """Whether the kaudit that made folder `entry` has ended: known only for one of this PID
+    namespace (another container's processes are not visible from here)."""
+    try:
+        pid, start, namespace = (entry / OWNER).read_text(encoding="utf-8").split()
+        ours = os.readlink("/proc/self/ns/pid")
+    except (OSError, ValueError):
+        return False
+    if namespace != ours or not pid.isdigit():
+        return False
+    now = _process_identity(int(pid))
+    return now is None or now.split()[1] != start
 
 
 def on_terminate(callback: Callable[[], None]) -> None:
