@@ -454,3 +454,24 @@ def test_unwritten_elements_are_those_holding_their_runs_palette_in_every_run():
     # 0 and 3 hold a palette value in every run; 1 was written in run 2; 2 only in run 3's
     assert unwritten_mask(runs, key).tolist() == [True, False, False, True]
     assert unwritten_mask([written] * 4, key).tolist() == [False] * 4
+
+
+def test_a_runs_fill_tiles_are_made_before_its_calls_not_during_them():
+    """A tile made at an allocation inside a CUDA graph capture is copied from host memory,
+    which the capture does not permit: it is invalidated and the kernel fails (two CUDA-L1
+    kernels on the H200, KD501). After `warm_tiles`, allocations of the common dtypes under the
+    run's mode make no tile."""
+    from kaudit.dynamic.harness import sentinels
+    from kaudit.dynamic.harness.poison import Poisoner
+
+    key, device = "tiles-test-key", torch.device("cpu")
+    sentinels.warm_tiles(2, key, device)
+    made = sentinels._tile.cache_info().misses
+    poisoner = Poisoner(2, key)
+    with poisoner.mode():
+        for dtype in sentinels.COMMON_DTYPES:
+            torch.empty(1000, dtype=dtype)
+            torch.empty((3, 50), dtype=dtype).t().contiguous()
+    assert poisoner.counters["poisoned"] >= 2 * len(sentinels.COMMON_DTYPES)
+    assert sentinels._tile.cache_info().misses == made, "a tile was made during the calls"
+    poisoner.release()

@@ -238,6 +238,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         if step[0] == "poison":
             run = step[1]
             poisoner = Poisoner(run, key)
+            sentinels.warm_tiles(run, key, device)
             with phase("init"), poisoner.mode():
                 model, info["state_matched"] = build_model()
             with phase("forward"):
@@ -270,6 +271,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
             continue
         if "model" not in state_of:
             guards = state_of["guards"] = Poisoner(0, key, poison_data=False)
+            sentinels.warm_tiles(0, key, device)
             with phase("init"), guards.mode():
                 state_of["model"], _ = build_model()
             guards.phase = "forward"

@@ -130,6 +130,20 @@ def _tile(dtype: torch.dtype, run: int, key: str, device: str) -> torch.Tensor |
     return torch.cat([tile, tile]).to(device)
 
 
+#: the dtypes whose fill tiles are made on a run's device before its calls (`warm_tiles`)
+COMMON_DTYPES = (*_FLOAT_LAYOUT, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def warm_tiles(run: int, key: str, device: torch.device) -> None:
+    """Make run's fill tiles on `device` before its calls: a tile made during a CUDA graph
+    capture is copied from host memory, which a capture does not permit; the capture is then
+    invalid and the kernel fails (likely what two CUDA-L1 kernels met on the H200, KD501)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    for dtype in COMMON_DTYPES:
+        _tile(dtype, sentinel_run(run), key, str(device))
+
+
 def fill(tensor: torch.Tensor, run: int, key: str, salt: int = 0) -> bool:
     """Fill a freshly allocated tensor with run's pattern, rotated by `salt` (the allocation's
     number: the same allocation gets the same rotation in every run); False when its dtype is
