@@ -276,10 +276,14 @@ def test_folders_of_a_kaudit_that_died_are_removed_at_once(tmp_path, monkeypatch
             (tmp_path / name / scratch.LIST).write_text(f"tmpjob{index}abcd\n")
             (tmp_path / f"tmpjob{index}abcd").mkdir()
         removed = scratch.remove_stale()
+        # two days on: the owner in another namespace is unknown, and its folder is old; the
+        # live owner's stays, however old (a folder's time is when it was made)
+        later = scratch.remove_stale(now=time.time() + 2 * scratch.STALE_AFTER)
     finally:
         living.kill()
         living.wait()
     assert sorted(removed) == ["kaudit-dead1234", "kaudit-reused12", "tmpjob0abcd", "tmpjob2abcd"]
+    assert sorted(later) == ["kaudit-othern12", "tmpjob3abcd"]
 
 
 SLEEPER = ("import time\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"

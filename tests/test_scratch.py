@@ -10,6 +10,7 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,18 +39,18 @@ def read_inputs(args, out_dir):
 
 @pytest.fixture(autouse=True)
 def no_limit_after():
-    """No sandbox (jobs are files of the test's folder); no limit left for the next test."""
-    sandbox.set_mode("off")
+    """No limit, nor a waiting reservation, left for the next test."""
     yield
-    sandbox.set_mode("auto")
     scratch.start_budget(0)
 
 
 @pytest.fixture
-def jobs(tmp_path) -> Path:
-    path = tmp_path / "jobs.py"
-    path.write_text(JOBS)
-    return path
+def jobs(tmp_path) -> Iterator[Path]:
+    """The job functions above, a file of the test's folder: run without the sandbox."""
+    (tmp_path / "jobs.py").write_text(JOBS)
+    sandbox.set_mode("off")
+    yield tmp_path / "jobs.py"
+    sandbox.set_mode("auto")
 
 
 # -- temporary disk --------------------------------------------------------------------------
@@ -269,6 +270,72 @@ def test_small_audits_go_before_a_large_one_waiting_within_their_share():
     assert waiting and waiting[0].nbytes == 40 << 20, "the large one goes next"
     for held in [*small, *waiting]:
         scratch.release(held)
+
+
+def test_small_audits_go_before_a_waiting_one_a_bounded_number_of_times(monkeypatch):
+    """A stream of small audits could otherwise keep the first in line waiting as long as it
+    lasts."""
+    monkeypatch.setattr(scratch, "MAX_OVERTAKES", 3)
+    scratch.start_budget(64 << 20)
+    running = reserve_soon(60 << 20)
+    waiting: list = []
+    large = threading.Thread(target=lambda: waiting.append(scratch.reserve(8 << 20)[0]),
+                             daemon=True)
+    large.start()
+    time.sleep(0.2)
+    small = [reserve_soon(256 << 10) for _ in range(3)]
+    assert all(small) and reserve_soon(256 << 10) is None, "the fourth waits its turn"
+    scratch.release(running)
+    large.join(5)
+    assert waiting, "the large one goes first once there is room"
+
+
+def test_an_audit_waiting_for_room_starts_when_a_folder_shrinks(jobs):
+    """A folder measured again after files were removed (an audit's reference outputs, once
+    loaded) makes room; an audit waiting for it was not told until something else changed."""
+    scratch.start_budget(8 << 20)
+    held = reserve_soon(1 << 20)
+    with run_job(Job(f"{jobs}:write", {"files": 6, "bytes": 1 << 20}, timeout=60)) as unsized:
+        granted: list = []
+        asking = threading.Thread(target=lambda: granted.append(scratch.reserve(3 << 20)[0]),
+                                  daemon=True)
+        asking.start()
+        asking.join(0.3)
+        assert not granted, "6 MiB held and 1 reserved leave no room for 3 more"
+        for index in range(5):
+            unsized.path(f"blob{index}").unlink()
+        scratch.charge(unsized.root)
+        asking.join(2)
+        assert granted, "the shrink made room at once"
+    scratch.release(held)
+    scratch.release(granted[0])
+
+
+def test_shared_inputs_are_not_counted_twice_in_the_peak(jobs):
+    """Moved out of the reference job's folder, the inputs were measured in their new folder
+    before the old one was measured again: the peak counted them twice."""
+    scratch.start_budget(64 << 20)
+    with run_job(Job(f"{jobs}:write", {"files": 2, "bytes": 1 << 20}, timeout=60)) as reference:
+        written = scratch.usage()["peak_bytes"]
+        os.rename(reference.path("blob0"), reference.out_dir / "inputs_a.pt")
+        shared = runner.share_inputs(reference, ["inputs_a.pt"])
+        try:
+            assert scratch.usage()["peak_bytes"] == written
+        finally:
+            scratch.remove(shared.folder)
+
+
+def test_a_past_scans_reservation_is_none_in_the_next_scans_budget():
+    """Two scans in one process: the first's audits are not given room the second reserved."""
+    scratch.start_budget(100 << 20)
+    past, _ = scratch.reserve(90 << 20)
+    scratch.start_budget(100 << 20)
+    current, _ = scratch.reserve(60 << 20)
+    assert scratch.left(current) == 100 << 20, "alone in its scan's budget"
+    assert scratch.left(past) == 100 << 20 and not scratch.within(past), \
+        "treated as a job of no reservation: the limit less what is on disk"
+    scratch.release(current)
+    scratch.release(past)
 
 
 def test_a_job_waiting_for_disk_moves_to_a_new_scans_budget():

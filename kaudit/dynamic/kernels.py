@@ -440,8 +440,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     with contextlib.ExitStack() as held:
         # the whole audit's room, once, before anything else is held: an audit that holds
         # kaudit's memory or the GPU never waits for disk, so no two audits wait for each other
-        limits["disk"], waited = scratch.reserve(writes)
-        held.callback(scratch.release, limits["disk"])
+        limits["disk"], waited = held.enter_context(scratch.reserving(writes))
         if limits["disk"] is not None:
             add_job_seconds("disk_wait", waited)
         reference_result = held.enter_context(run_job(

@@ -264,9 +264,9 @@ def share_inputs(result: RunResult, names: list[str],
     try:
         for name in names:
             os.replace(result.path(name), folder / name)
-        scratch.charge(folder, disk)
-        if result.root is not None:
+        if result.root is not None:  # first: what moved out is not counted in both
             scratch.charge(result.root, disk)
+        scratch.charge(folder, disk)
         return SharedInputs.seal(folder)
     except BaseException:
         scratch.remove(folder)

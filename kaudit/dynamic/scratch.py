@@ -6,8 +6,9 @@ one folder per kaudit process, `TMPDIR/kaudit-<random>/`, which also lists the n
 its `folders` file. Everything is removed when it is no longer needed, at exit, and on SIGTERM and SIGINT
 (`exit_on_sigterm`, after the running jobs are killed). What a killed
 kaudit (SIGKILL) leaves behind is removed by the next one: `remove_stale()` deletes `kaudit-*`
-folders whose owner (its `owner` file: process id, start time and PID namespace) is gone, or
-older than STALE_AFTER seconds, and the neutral folders they list. A scan killed on the H200
+folders whose owner (its `owner` file: process id, start time and PID namespace) is gone, or,
+where the owner cannot be told, older than STALE_AFTER seconds, and the neutral folders they
+list; a live owner's folders stay. A scan killed on the H200
 left 40 GiB that shrank the next scan's default limit to a third.
 
 The temporary disk of a scan is bounded (`--temp-limit`, `start_budget`): each job's folder is
@@ -20,6 +21,7 @@ An audit that knows what its jobs will write first reserves it (`reserve`, `Job.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -28,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PREFIX = "kaudit-"
@@ -49,6 +51,8 @@ DEFAULT_TEMP_SHARE = 0.8
 #: read their outputs one at a time while the CPU sat idle and no kernel compiled
 SMALL_AUDIT = 1 / 64
 SMALL_SHARE = 1 / 8
+#: small audits that may go before the one first in line, while it waits: it is not starved
+MAX_OVERTAKES = 32
 
 
 class Reservation:
@@ -71,6 +75,8 @@ class TempBudget:
         #: the audits holding room, from before their first job starts until they end
         self.reserved: list[Reservation] = []
         self.waiting: deque[object] = deque()
+        #: audits that went before the one first in line while it waited
+        self.overtakes = 0
         self.peak = 0
 
     def held(self) -> int:
@@ -95,9 +101,11 @@ class TempBudget:
         assert self.limit is not None
         if self.reserved and self.committed() + nbytes > self.limit:
             return False
+        if first:
+            return True
         small = sum(held.nbytes for held in self.reserved if held.small)
-        return first or (nbytes <= self.limit * SMALL_AUDIT
-                         and small + nbytes <= self.limit * SMALL_SHARE)
+        return self.overtakes < MAX_OVERTAKES and nbytes <= self.limit * SMALL_AUDIT \
+            and small + nbytes <= self.limit * SMALL_SHARE
 
     def usage(self) -> dict[str, int | None]:
         return {"limit_bytes": self.limit, "peak_bytes": self.peak}
@@ -136,7 +144,7 @@ def left(reservation: Reservation | None = None) -> int | None:
     with _lock:
         if _budget.limit is None:
             return None
-        if reservation is None:
+        if reservation is None or reservation not in _budget.reserved:  # none, or a past scan's
             return max(0, _budget.limit - _budget.held())
         own = _budget.held_by(reservation)
         return max(0, reservation.nbytes - own,
@@ -147,11 +155,14 @@ def charge(path: Path, reservation: Reservation | None = None) -> int:
     """Measure `path` (blocks in use, links not followed) as one of the scan's live folders, of
     `reservation`'s audit if given; returns its size."""
     size = disk_usage(path)
-    with _lock:
+    with _room:
+        before = _budget.live.get(path)
         _budget.live[path] = size
         if reservation is not None:
             reservation.folders.add(path)
         _budget.peak = max(_budget.peak, _budget.held())
+        if before is not None and size < before:  # files removed: room for audits waiting
+            _room.notify_all()
     return size
 
 
@@ -174,14 +185,27 @@ def reserve(nbytes: int) -> tuple[Reservation | None, float]:
             try:
                 _room.wait_for(lambda: budget is not _budget or budget.admits(
                     nbytes, budget.waiting[0] is token))
+                first = budget.waiting[0] is token
             finally:
                 budget.waiting.remove(token)
                 _room.notify_all()
             if budget is _budget:  # else a new scan's budget: ask it instead
+                # the first in line resets the count; any other went before it
+                budget.overtakes = 0 if first else budget.overtakes + 1
                 reservation = Reservation(nbytes, nbytes <= budget.limit * SMALL_AUDIT)
                 budget.reserved.append(reservation)
                 return reservation, time.monotonic() - started
     return None, 0.0
+
+
+@contextlib.contextmanager
+def reserving(nbytes: int) -> Iterator[tuple[Reservation | None, float]]:
+    """`reserve`, released when the block ends, however it ends."""
+    reservation, waited = reserve(nbytes)
+    try:
+        yield reservation, waited
+    finally:
+        release(reservation)
 
 
 def release(reservation: Reservation | None) -> None:
@@ -202,7 +226,8 @@ def over_limit() -> int | None:
 def within(reservation: Reservation | None) -> bool:
     """Whether `reservation`'s folders hold no more than it reserved (False without one)."""
     with _lock:
-        return reservation is not None and _budget.held_by(reservation) <= reservation.nbytes
+        return reservation is not None and reservation in _budget.reserved \
+            and _budget.held_by(reservation) <= reservation.nbytes
 
 
 def usage() -> dict[str, int | None]:
@@ -277,8 +302,12 @@ def remove_stale(now: float | None = None) -> list[str]:
     removed = []
     for entry in root.glob(PREFIX + "*"):
         try:
-            if entry.is_symlink() or not entry.is_dir() or entry == _own or (
-                    now - entry.stat().st_mtime < STALE_AFTER and not _owner_gone(entry)):
+            if entry.is_symlink() or not entry.is_dir() or entry == _own:
+                continue
+            owner_gone = _owner_gone(entry)
+            # a live owner's folders stay, however old: the folder's time is its creation's
+            if owner_gone is False or (
+                    owner_gone is None and now - entry.stat().st_mtime < STALE_AFTER):
                 continue
             listed = (entry / LIST).read_text(encoding="utf-8").split() \
                 if (entry / LIST).is_file() else []
@@ -305,16 +334,17 @@ def _process_identity(pid: int) -> str | None:
         return None
 
 
-def _owner_gone(entry: Path) -> bool:
-    """Whether the kaudit that made folder `entry` has ended: known only for one of this PID
-    namespace (another container's processes are not visible from here)."""
+def _owner_gone(entry: Path) -> bool | None:
+    """Whether the kaudit that made folder `entry` has ended; None when unknown (no owner
+    recorded, or one of another PID namespace: another container's processes are not visible
+    from here)."""
     try:
         pid, start, namespace = (entry / OWNER).read_text(encoding="utf-8").split()
         ours = os.readlink("/proc/self/ns/pid")
     except (OSError, ValueError):
-        return False
+        return None
     if namespace != ours or not pid.isdigit():
-        return False
+        return None
     now = _process_identity(int(pid))
     return now is None or now.split()[1] != start
 
