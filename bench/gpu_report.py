@@ -153,6 +153,8 @@ def figures(folder: Path) -> list[str]:
                 f"{data['naive']['seconds']:.1f} s ({data['ratio']:.1f}x); {audit['statuses']}; "
                 f"run again alone {audit.get('retried_alone', '-')}; GPU waits "
                 f"{audit.get('gpu_wait_s', '-')} s (summed)"]
+        if audit.get("gpu_sizing"):
+            out.append(f"GPU memory asked first against held at most: {audit['gpu_sizing']}")
         if audit.get("job_seconds"):
             out.append("seconds summed over the problems: " + ", ".join(
                 f"{kind} {seconds}" for kind, seconds in audit["job_seconds"].items()))

@@ -82,6 +82,7 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
             "statuses": statuses, "stderr_tail": stderr[-800:],
             "slowest": [(Path(line["path"]).name, round(float(line["seconds"]), 2)) for line in slowest],
             "retried_alone": sum(bool(line.get("retried_alone_on_gpu")) for line in lines),
+            "gpu_sizing": gpu_sizing(lines),
             "gpu_wait_s": round(sum(float(line.get("gpu_wait_s") or 0) for line in lines), 1),
             # where the problems' time went, summed over them: the job's steps and the judging
             "job_seconds": {kind: round(sum(float((line.get("job_seconds") or {}).get(kind, 0))
@@ -95,6 +96,22 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                         "why": [f"{f['rule']}: {f['message'][:400]}" for f in line["findings"]
                                 if f["rule"].startswith("KP5")]}
                        for line in lines if line.get("status") != "ok"]}
+
+
+def gpu_sizing(lines: list[dict]) -> dict | None:
+    """The GPU memory each problem asked first (its sized share) against what its job's caching
+    allocator held at most: over-asking makes jobs wait for each other, under-asking makes them
+    run out and run again. None without those figures (the CPU, or no sizing)."""
+    pairs = [(line["gpu_need"] * line["gpu_total_bytes"], line["gpu_peak_bytes"]) for line in lines
+             if line.get("gpu_need") and line.get("gpu_total_bytes") and line.get("gpu_peak_bytes")]
+    if not pairs:
+        return None
+    ratios = sorted(asked / held for asked, held in pairs)
+    return {"problems": len(pairs), "median_asked_over_held": round(ratios[len(ratios) // 2], 2),
+            "asked_over_twice_held": sum(r > 2 for r in ratios),
+            "asked_under_held": sum(r < 1 for r in ratios),
+            "asked_gib": round(sum(a for a, _ in pairs) / 2**30, 1),
+            "held_gib": round(sum(h for _, h in pairs) / 2**30, 1)}
 
 
 def main() -> int:
@@ -121,6 +138,8 @@ def main() -> int:
           f"({figures['ratio']:.1f}x), {audit['problems']} streamed, {audit['statuses']}, "
           f"{audit['retried_alone']} run again alone on the GPU, {audit['gpu_wait_s']} s of "
           "waits for GPU memory (summed over jobs)")
+    if audit["gpu_sizing"]:
+        print(f"GPU memory asked first against held at most: {audit['gpu_sizing']}")
     print("seconds summed over the problems: " + ", ".join(
         f"{kind} {seconds}" for kind, seconds in audit["job_seconds"].items()))
     for problem in audit["not_ok"]:

@@ -220,6 +220,24 @@ def test_cli_json_shape(tmp_path):
     job_steps = sum(s for name, s in steps.items() if name.startswith("job:"))
     assert job_steps <= steps["runs"] <= lines[1]["seconds"] - steps["judge"]
     assert lines[1]["job_seconds"] == steps
+    assert honest["gpu_need"] is None and honest["gpu_peak_bytes"] is None, "on the CPU: none"
+
+
+def test_the_gpu_memory_a_problem_held_is_read_from_its_job_as_numbers_only(tmp_path):
+    """What the job's caching allocator held at most, beside the share it asked first: how far
+    the sizing is from the need (on the H200 the jobs waited 220-436 s for GPU memory). The job
+    ran benchmark code: only non-negative integers are read."""
+    from kaudit.dynamic.harness.problem_job import MANIFEST
+    from kaudit.dynamic.problems_analysis import analyse
+    from kaudit.dynamic.runner import RunResult
+
+    manifest = {"device": "cuda:0", "phase": "forward", "seeds": [], "timings": {},
+                "gpu_peak_bytes": 3 << 30, "gpu_total_bytes": "140e9"}
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    crashed = RunResult(status="crashed", error="killed", out_dir=tmp_path, _root=tmp_path)
+    problem = analyse(crashed, "p.py", 1, Options(resolve(None, None, None)))
+    assert problem.status == "failed"
+    assert problem.gpu_peak_bytes == 3 << 30 and problem.gpu_total_bytes is None
 
 
 def test_cli_text_markdown_and_sarif(tmp_path):

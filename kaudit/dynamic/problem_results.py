@@ -69,6 +69,11 @@ class ProblemResult:
     retried_alone_on_gpu: bool = False
     #: seconds its job waited for GPU memory and locks (neighbours' jobs)
     gpu_wait_s: float = 0.0
+    #: the share of the GPU its job asked first (`problems.gpu_needs`), the most its last run's
+    #: caching allocator held (bytes) and the GPU's memory: how far the sizing was from the need
+    gpu_need: float | None = None
+    gpu_peak_bytes: int | None = None
+    gpu_total_bytes: int | None = None
     #: where its time went: the job's steps (`job:import`, `job:forward`, `job:fp64` ...) and
     #: kaudit's comparison of the outputs (`judge`)
     job_seconds: dict[str, float] = field(default_factory=dict)
@@ -94,6 +99,8 @@ class ProblemResult:
             "absolute": self.absolute, "gap": self.gap, "recommended": self.recommended,
             "seeds": self.seeds, "scales": self.scales,
             "retried_alone_on_gpu": self.retried_alone_on_gpu, "gpu_wait_s": self.gpu_wait_s,
+            "gpu_need": self.gpu_need, "gpu_peak_bytes": self.gpu_peak_bytes,
+            "gpu_total_bytes": self.gpu_total_bytes,
             "job_seconds": self.job_seconds,
             "findings": [f.to_dict() for f in self.findings],
         }

@@ -51,7 +51,7 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
     for path, size in (found.items() if isinstance(found, dict) else ()):
         if path not in paths:
             continue  # the job ran problem code: only what was asked, and numbers, are read
-        number = {key: _count(size.get(key) if isinstance(size, dict) else None)
+        number = {key: non_negative_int(size.get(key) if isinstance(size, dict) else None)
                   for key in ("params", "inputs", "outputs", "twins", "init")}
         if number["params"] is None or number["inputs"] is None:
             sizes[path] = None
@@ -64,7 +64,9 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
     return sizes
 
 
-def _count(value: object) -> int | None:
+def non_negative_int(value: object) -> int | None:
+    """`value` if it is a non-negative integer (not a bool), else None: numbers a job that ran
+    benchmark code reported."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
         else None
 

@@ -232,6 +232,7 @@ def audit_problems(paths: Iterable[str], options: Options,
                 judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
                 problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)
+                problem.gpu_need = gpu.need if gpu is not None else None
             # the steps above are the last run's; every run of the job, a run that ran out of
             # GPU memory before a wider one included, waits for memory too
             problem.job_seconds["runs"] = round(runs.get("problem", 0.0), 3)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kaudit.dynamic.limits import memory_note
+from kaudit.dynamic.problem_sizing import non_negative_int
 from kaudit.dynamic.problem_results import Options, ProblemResult
 from kaudit.dynamic.runner import OutputError, RunResult, phase_seconds
 from kaudit.dynamic.tolerance import Tolerance
@@ -47,6 +48,8 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
     if manifest:
         problem.device = manifest.get("device")
         problem.job_seconds = phase_seconds(manifest.get("timings"), "job")
+        problem.gpu_peak_bytes = non_negative_int(manifest.get("gpu_peak_bytes"))
+        problem.gpu_total_bytes = non_negative_int(manifest.get("gpu_total_bytes"))
     seeds = [s for s in (manifest or {}).get("seeds", []) if s.get("native")]
     if not result.ok and len(seeds) < options.seeds:
         phase = (manifest or {}).get("phase") if result.status in ("timeout", "crashed") \

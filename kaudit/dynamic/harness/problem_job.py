@@ -72,6 +72,8 @@ def run_problem(args: dict, out_dir: str) -> dict:
         now, left, timings = time.monotonic(), manifest["phase"], manifest["timings"]
         if left != "start":
             timings[left] = round(timings.get(left, 0.0) + now - entered, 3)
+        if str(manifest.get("device", "")).startswith("cuda"):  # what the GPU share held
+            manifest["gpu_peak_bytes"] = int(torch.cuda.max_memory_reserved())
         manifest["phase"], entered = name, now
         write_json(os.path.join(out_dir, MANIFEST), manifest)
 
@@ -82,6 +84,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
             if not torch.cuda.is_available():
                 raise RuntimeError("CUDA requested but torch.cuda.is_available() is False")
             manifest["device_name"] = torch.cuda.get_device_name(device)
+            manifest["gpu_total_bytes"] = int(torch.cuda.get_device_properties(device).total_memory)
             if args.get("gpu_memory_fraction"):  # the share the parent gave this job
                 torch.cuda.set_per_process_memory_fraction(float(args["gpu_memory_fraction"]))
         else:
