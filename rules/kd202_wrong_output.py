@@ -11,6 +11,7 @@ class WrongOutput(DynamicRule):
     match). Reported when the number, shape or dtype of the outputs differ, or when the output fails
     both the preset's `allclose` and the scale-invariant check (relative L2 error and max error / max
     |reference|, limits by dtype as in KD201). Not reported when KD101/KD102 already explain it.
+    A warning, saying so, where the reference output is rounding noise (as in KD201).
 
     ## Why is this bad?
     A kernel that computes something else is not a faster version of the reference, whatever its

@@ -386,3 +386,16 @@ def test_timeout_and_compile_error_are_kd501(tmp_path):
     assert finding.metrics["status"] == "timeout" and finding.line == 8
     (finding,) = failed.findings
     assert finding.rule == "KD501" and "import or compile" in finding.message, finding.message
+
+
+def test_a_miss_against_a_reference_that_is_rounding_noise_is_a_warning(fixture_runs):
+    """A CUDA-L1 reference (GroupNorm, then a mean) is zero in exact arithmetic: its float32
+    output is noise, and kaudit rejected a kernel (KD201 error) for noise of its own. The
+    reference's distance from its float64 run now tells; a tiny output with a signal is still
+    rejected."""
+    (noise,) = fixture_runs["bad_reference_is_rounding_noise"].findings
+    assert noise.rule == "KD201" and noise.level.value == "warning", noise.message
+    # its exact answer is zero: the distance is infinite
+    assert "rounding noise (relative L2 inf" in noise.message, noise.message
+    (tiny,) = fixture_runs["bad_tiny_output_atol"].findings
+    assert tiny.rule == "KD201" and tiny.level.value == "error", tiny.message

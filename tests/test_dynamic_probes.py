@@ -475,3 +475,29 @@ def test_a_runs_fill_tiles_are_made_before_its_calls_not_during_them():
     assert poisoner.counters["poisoned"] >= 2 * len(sentinels.COMMON_DTYPES)
     assert sentinels._tile.cache_info().misses == made, "a tile was made during the calls"
     poisoner.release()
+
+
+def test_a_cuda_job_makes_the_blas_handles_before_the_kernel_runs(monkeypatch):
+    """A benchmark's process has them from the reference it ran first; a CUDA-L1 kernel that
+    captures a CUDA graph at its first call made them inside the capture on the H200, and the
+    capture failed (KD501). On a CPU device nothing runs."""
+    from kaudit.dynamic.harness import kernel_job
+
+    ran: list = []
+    real_ones = torch.ones
+
+    def ones(*shape, device=None, **kwargs):
+        if device is not None:
+            ran.append(("ones", str(device)))
+        return real_ones(*shape, **kwargs)
+
+    monkeypatch.setattr(torch, "ones", ones)
+    real_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda *args: ran.append(("linear",)) or real_linear(*args))
+    kernel_job._ready_cuda(torch, torch.device("cpu"), {})
+    assert ran == []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction: ran.append(("fraction", fraction)))
+    kernel_job._ready_cuda(torch, torch.device("cuda"), {"gpu_memory_fraction": 0.25})
+    assert ran == [("fraction", 0.25), ("ones", "cuda"), ("linear",)]

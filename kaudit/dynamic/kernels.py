@@ -505,7 +505,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                 with run_job(job) as candidate:
                     judging = time.monotonic()
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
-                                    reference_left, interpreted)
+                                    reference_left, interpreted,
+                                    _reference_noise(reference_result, len(refs["a"])))
                     add_job_seconds("parent:judge", time.monotonic() - judging)
                 if watched is None or run.status != "ok" or rejected(run):
                     return  # the second opinion is for kernels the watched calls found right
@@ -566,6 +567,16 @@ class LazyInputs(Mapping[str, list]):
 
     def __len__(self) -> int:
         return 2 + len(self._scales)
+
+
+def _reference_noise(result: RunResult, outputs: int) -> list[float | None] | None:
+    """Per output, the reference's relative L2 distance from its own float64 run on inputs A
+    (`harness/kernel_job._reference_noise`): numbers only, one per output, else None."""
+    found = (result.value or {}).get("noise")
+    if not isinstance(found, list) or len(found) != outputs:
+        return None
+    return [float(value) if isinstance(value, (int, float)) and not isinstance(value, bool)
+            and value >= 0 else None for value in found]  # NaN is not >= 0; inf: all noise
 
 
 def _reference_mutations(result: RunResult) -> dict[str, list] | None:

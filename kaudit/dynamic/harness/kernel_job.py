@@ -44,6 +44,7 @@ not capped).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import sys
@@ -81,7 +82,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
 
     _out_dir[:] = [out_dir]
     device = torch.device(args.get("device", "cpu"))
-    _cap_gpu_memory(torch, device, args)
+    _ready_cuda(torch, device, args)
     with phase("problem-import"):
         problem = import_file("problem", args["problem"])
         for name, value in (args.get("sizes") or {}).items():  # a shape sweep (KD302)
@@ -104,6 +105,9 @@ def run_reference(args: dict, out_dir: str) -> dict:
         with phase("reference-forward"):
             given = _to(inputs, device, torch)
             outputs = _forward(model, given, torch, device)
+        if name == "a":
+            with phase("reference-fp64"):
+                noise, reference64 = _reference_noise(torch, model, inputs, outputs, device)
         with phase("reference-save"):
             _save(torch, outputs, out_dir, f"ref_{name}.pt")
             after = [_cpu(v, torch) for v in given]
@@ -114,7 +118,6 @@ def run_reference(args: dict, out_dir: str) -> dict:
                 torch.save(after, os.path.join(out_dir, f"ref_inputs_after_{name}.pt"))
             shapes[name] = [list(o.shape) for o in outputs]
     scales: dict[str, Any] = {}
-    reference64 = None
     for index, factor in enumerate(args.get("scales", [])):
         key = f"s{index}"
         with phase("scaled-reference"):
@@ -135,7 +138,44 @@ def run_reference(args: dict, out_dir: str) -> dict:
             scales[key] = {"scale": factor, "fp64": False,
                            "fp64_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return {"shapes": shapes, "scales": scales, "torch": torch.__version__,
-            "init_handed_over": handed_over, "mutates_inputs": mutates}
+            "init_handed_over": handed_over, "mutates_inputs": mutates, "noise": noise}
+
+
+#: elements per slice when distances are summed in float64 (bounds the memory it takes)
+SLICE = 1 << 24
+
+
+def _reference_noise(torch: Any, model: Any, inputs: list, outputs: list,
+                     device: Any) -> tuple[list | None, Any]:
+    """Per output on inputs A, its relative L2 distance from the float64 model's output on the
+    same inputs (None where that cannot be told), and the float64 model (None if it could not
+    be made). Near 1, the output is rounding noise: the exact answer is zero (a GroupNorm's
+    mean), and no output can be judged right or wrong against it."""
+    from .problem_job import float64_copy
+
+    try:
+        reference64, error = float64_copy(model, torch)
+        if error:
+            return None, None
+        wide = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                for v in inputs]
+        exact = _forward(reference64, _to(wide, device, torch), torch, device)
+    except Exception:  # noqa: BLE001 - without float64, the noise is unknown
+        return None, None
+    distances: list = []
+    for native, true in zip(outputs, exact):
+        if not native.is_floating_point() or native.shape != true.shape:
+            distances.append(None)
+            continue
+        flat, truth = native.reshape(-1), true.reshape(-1)
+        error = norm = 0.0
+        for start in range(0, flat.numel(), SLICE):
+            part = truth[start:start + SLICE].double()
+            error += float((flat[start:start + SLICE].double() - part).square().sum())
+            norm += float(part.square().sum())
+        # an exact answer of zero and a native one that is not: all noise
+        distances.append((error / norm) ** 0.5 if norm else (0.0 if error == 0 else math.inf))
+    return distances, reference64
 
 
 def _hand_over(torch: Any, init_inputs: Any, model: Any, out_dir: str) -> bool:
@@ -175,7 +215,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
     _out_dir[:] = [out_dir]
     use_build_folder(args, out_dir)
     device = torch.device(args.get("device", "cpu"))
-    _cap_gpu_memory(torch, device, args)
+    _ready_cuda(torch, device, args)
     key = str(args["poison_key"])
     inputs_dir = args["in_dir"]
 
@@ -481,10 +521,19 @@ def _forward(model: Any, inputs: list, torch: Any, device: Any) -> list:
     return _outputs(_call(model, inputs, torch), torch, device, {})
 
 
-def _cap_gpu_memory(torch: Any, device: Any, args: dict) -> None:
+def _ready_cuda(torch: Any, device: Any, args: dict) -> None:
+    """The job's share of the GPU, and the BLAS libraries' handles made: a benchmark's process
+    has them from the reference it ran first, and a kernel that captures a CUDA graph at its
+    first call would otherwise make them inside the capture, which fails (likely what a CUDA-L1
+    kernel met on the H200, KD501)."""
+    if device.type != "cuda":
+        return
     fraction = args.get("gpu_memory_fraction")
-    if device.type == "cuda" and fraction:
+    if fraction:
         torch.cuda.set_per_process_memory_fraction(float(fraction))
+    square = torch.ones(8, 8, device=device)
+    (square @ square).sum().item()  # cuBLAS
+    torch.nn.functional.linear(square, square, square[0]).sum().item()  # cuBLASLt (a bias)
 
 
 def _save(torch: Any, outputs: list, out_dir: str, name: str) -> None:
