@@ -458,9 +458,8 @@ def test_unwritten_elements_are_those_holding_their_runs_palette_in_every_run():
 
 def test_a_runs_fill_tiles_are_made_before_its_calls_not_during_them():
     """A tile made at an allocation inside a CUDA graph capture is copied from host memory,
-    which the capture does not permit: it is invalidated and the kernel fails (two CUDA-L1
-    kernels on the H200, KD501). After `warm_tiles`, allocations of the common dtypes under the
-    run's mode make no tile."""
+    which the capture does not permit: it is invalidated and the kernel fails (KD501). After
+    `warm_tiles`, allocations of the common dtypes under the run's mode make no tile."""
     from kaudit.dynamic.harness import sentinels
     from kaudit.dynamic.harness.poison import Poisoner
 

@@ -137,7 +137,7 @@ COMMON_DTYPES = (*_FLOAT_LAYOUT, torch.int64, torch.int32, torch.int16, torch.in
 def warm_tiles(run: int, key: str, device: torch.device) -> None:
     """Make run's fill tiles on `device` before its calls: a tile made during a CUDA graph
     capture is copied from host memory, which a capture does not permit; the capture is then
-    invalid and the kernel fails (likely what two CUDA-L1 kernels met on the H200, KD501)."""
+    invalid and the kernel fails (KD501) through no fault of its own."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     for dtype in COMMON_DTYPES:
