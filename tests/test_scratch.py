@@ -238,13 +238,19 @@ def test_a_reservation_is_not_counted_as_written(jobs):
         scratch.start_budget(0)
 
 
-def reserve_soon(nbytes: int, seconds: float = 0.5) -> scratch.Reservation | None:
-    """The reservation, if granted within `seconds` (else its thread waits on, until the test's
-    budget is replaced)."""
+def reserve_later(nbytes: int) -> tuple[threading.Thread, list]:
+    """An audit asking `nbytes` on a thread of its own; the list gets its reservation (the
+    thread waits on, if need be, until the test's budget is replaced)."""
     granted: list = []
     asking = threading.Thread(target=lambda: granted.append(scratch.reserve(nbytes)[0]),
                               daemon=True)
     asking.start()
+    return asking, granted
+
+
+def reserve_soon(nbytes: int, seconds: float = 0.5) -> scratch.Reservation | None:
+    """The reservation, if granted within `seconds`."""
+    asking, granted = reserve_later(nbytes)
     asking.join(seconds)
     return granted[0] if granted else None
 
@@ -255,10 +261,7 @@ def test_small_audits_go_before_a_large_one_waiting_within_their_share():
     start beside a large one waiting, while the small ones hold at most an eighth."""
     scratch.start_budget(64 << 20)
     running = reserve_soon(40 << 20)
-    waiting: list = []
-    large = threading.Thread(target=lambda: waiting.append(scratch.reserve(40 << 20)[0]),
-                             daemon=True)
-    large.start()
+    large, waiting = reserve_later(40 << 20)
     time.sleep(0.2)
     assert not waiting, "no room for a second large audit"
     small = [reserve_soon(512 << 10) for _ in range(16)]
@@ -278,10 +281,7 @@ def test_small_audits_go_before_a_waiting_one_a_bounded_number_of_times(monkeypa
     monkeypatch.setattr(scratch, "MAX_OVERTAKES", 3)
     scratch.start_budget(64 << 20)
     running = reserve_soon(60 << 20)
-    waiting: list = []
-    large = threading.Thread(target=lambda: waiting.append(scratch.reserve(8 << 20)[0]),
-                             daemon=True)
-    large.start()
+    large, waiting = reserve_later(8 << 20)
     time.sleep(0.2)
     small = [reserve_soon(256 << 10) for _ in range(3)]
     assert all(small) and reserve_soon(256 << 10) is None, "the fourth waits its turn"
@@ -296,10 +296,7 @@ def test_an_audit_waiting_for_room_starts_when_a_folder_shrinks(jobs):
     scratch.start_budget(8 << 20)
     held = reserve_soon(1 << 20)
     with run_job(Job(f"{jobs}:write", {"files": 6, "bytes": 1 << 20}, timeout=60)) as unsized:
-        granted: list = []
-        asking = threading.Thread(target=lambda: granted.append(scratch.reserve(3 << 20)[0]),
-                                  daemon=True)
-        asking.start()
+        asking, granted = reserve_later(3 << 20)
         asking.join(0.3)
         assert not granted, "6 MiB held and 1 reserved leave no room for 3 more"
         for index in range(5):
