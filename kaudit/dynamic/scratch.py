@@ -60,9 +60,8 @@ class Reservation:
     jobs wrote (`charge`): what they hold counts against the limit once, as the larger of the
     two, so an audit's own files never shrink the room it reserved."""
 
-    def __init__(self, nbytes: int, small: bool = False) -> None:
+    def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
-        self.small = small
         self.folders: set[Path] = set()
 
 
@@ -103,8 +102,9 @@ class TempBudget:
             return False
         if first:
             return True
-        small = sum(held.nbytes for held in self.reserved if held.small)
-        return self.overtakes < MAX_OVERTAKES and nbytes <= self.limit * SMALL_AUDIT \
+        bound = self.limit * SMALL_AUDIT
+        small = sum(held.nbytes for held in self.reserved if held.nbytes <= bound)
+        return self.overtakes < MAX_OVERTAKES and nbytes <= bound \
             and small + nbytes <= self.limit * SMALL_SHARE
 
     def usage(self) -> dict[str, int | None]:
@@ -192,7 +192,7 @@ def reserve(nbytes: int) -> tuple[Reservation | None, float]:
             if budget is _budget:  # else a new scan's budget: ask it instead
                 # the first in line resets the count; any other went before it
                 budget.overtakes = 0 if first else budget.overtakes + 1
-                reservation = Reservation(nbytes, nbytes <= budget.limit * SMALL_AUDIT)
+                reservation = Reservation(nbytes)
                 budget.reserved.append(reservation)
                 return reservation, time.monotonic() - started
     return None, 0.0
