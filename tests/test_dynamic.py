@@ -397,5 +397,7 @@ def test_a_miss_against_a_reference_that_is_rounding_noise_is_a_warning(fixture_
     assert noise.rule == "KD201" and noise.level.value == "warning", noise.message
     # its exact answer is zero: the distance is infinite
     assert "rounding noise (relative L2 inf" in noise.message, noise.message
+    assert fixture_runs["good_reference_is_rounding_noise"].findings == [], \
+        "a kernel that matches the noise is not flagged"
     (tiny,) = fixture_runs["bad_tiny_output_atol"].findings
     assert tiny.rule == "KD201" and tiny.level.value == "error", tiny.message
