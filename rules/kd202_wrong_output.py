@@ -13,6 +13,12 @@ class WrongOutput(DynamicRule):
     |reference|, limits by dtype as in KD201). Not reported when KD101/KD102 already explain it.
     A warning, saying so, where the reference output is rounding noise (as in KD201).
 
+    A warning too when the kernel is wrong with `Model`'s weights copied in but right on two
+    input sets with its own initialisation, built as KernelBench builds it (same seed, nothing
+    copied): an `__init__` that folds a constant into a parameter. The kernel is then judged, and
+    run for the plain run, shape sweep and timing, on its own initialisation; the later-call,
+    same-buffer and input-scale checks are not made for it, and the warning says so.
+
     ## Why is this bad?
     A kernel that computes something else is not a faster version of the reference, whatever its
     speed.

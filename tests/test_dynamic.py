@@ -148,6 +148,23 @@ def test_levels_follow_what_the_output_still_carries(fixture_runs):
     assert "the reference problem modifies its inputs too" in as_reference.message
 
 
+def test_a_kernel_right_only_with_its_own_initialisation_is_judged_on_it(fixture_runs):
+    """An `__init__` that folds a constant into a parameter is right as KernelBench builds it:
+    a warning, and the later jobs (the plain run here: no KD406) build it the same way; an answer
+    kept from the first call is still wrong on its own model; a kernel that draws its own
+    parameters in another order is judged with Model's weights, as before."""
+    folded = fixture_runs["bad_folds_constant_into_bias"]
+    (warning,) = folded.findings
+    assert warning.level.value == "warning" and warning.metrics["own_init_entries"] == [
+        "linear.bias"], warning.message
+    assert "right only with its own initialisation" in warning.message
+    assert folded.metrics["initialisation"] == "own"
+    (stale,) = fixture_runs["bad_folds_constant_then_caches"].findings
+    assert stale.level.value == "error" and "initialisation" not in stale.message
+    assert "initialisation" not in fixture_runs["bad_folds_constant_then_caches"].metrics
+    assert "initialisation" not in fixture_runs["good_own_parameter_order"].metrics
+
+
 def test_allocations_are_poisoned_on_the_device(fixture_runs):
     (empty,) = fixture_runs["bad_empty_output"].findings
     assert empty.rule == "KD101" and empty.metrics["fraction"] == 1.0

@@ -170,6 +170,9 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     run.status = "ok"
     run.metrics.update({k: v for k, v in info.items() if not isinstance(v, (list, dict))})
     _tampering(add, info.get("tampered") or [])
+    own = _own_initialisation(add, candidate, info, refs, plain_a, options.tolerance)
+    if own is not None:  # judged as KernelBench builds it; the copied-weights calls say nothing
+        plain_a, fresh, same, worst, scaled = own["a"], own["b"], own["b"], None, []
     layout = _layout_problem(ref_a, plain_a)
     if layout:
         add("KD202", f"wrong output: {layout}", reason="layout")
@@ -187,12 +190,50 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
                                call=info.get("worst_call"), calls=info.get("calls"),
                                noise=reference_noise)
     run.metrics["benchmark_accepts"] = acceptance.accepts_all(ref_a, plain_a, options.tolerance)
-    if correct and not stale:  # a replayed answer is wrong at every other scale too
+    if correct and not stale and scaled:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
     if after is not None and mutated is not None:
         _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"), reference_left,
                   options.tolerance, mutated["inputs"])
     return plain_a
+
+
+def _own_initialisation(add: Adder, candidate: RunResult, info: dict, refs: dict,
+                        copied: list, tolerance: Tolerance) -> dict[str, list] | None:
+    """The kernel's outputs with its own initialisation (`own_a.pt`, `own_b.pt`: ModelNew under
+    the init seed, no weights copied in, as KernelBench builds it) when they pass every check on
+    inputs A and B while the first call with Model's weights copied in does not: an `__init__`
+    that folds a constant into a parameter (CUDA-L1 level 2 task 46, `conv.bias.sub_(0.5)`) is
+    right, and the copy made it wrong. A KD202 warning says so; None otherwise."""
+    differs = [str(k) for k in info.get("own_init_differs") or []]
+    if not differs or not {"own_a.pt", "own_b.pt"} <= set(candidate.files()):
+        return None
+
+    def right(refs: list, outputs: list) -> bool:
+        return not _layout_problem(refs, outputs) and all(
+            all(passed_checks(r, o, tolerance)) for r, o in zip(refs, outputs))
+
+    if right(refs["a"], copied):
+        return None
+    try:
+        own = {kind: candidate.load_tensors(f"own_{kind}.pt", size_limit(refs[kind]))
+               for kind in ("a", "b")}
+    except OutputError:
+        return None  # unreadable: judged with the copied weights, as without them
+    if not (right(refs["a"], own["a"]) and right(refs["b"], own["b"])):
+        return None
+    entries = ", ".join(differs[:8]) + (" ..." if len(differs) > 8 else "")
+    wrong = _layout_problem(refs["a"], copied) or next(
+        problem for index, ref in enumerate(refs["a"]) if (problem := fails_again(
+            ref, copied[index], (True, True), tolerance, output_name(index, refs["a"]))))
+    add("KD202", f"right only with its own initialisation: with Model's weights copied into "
+        f"ModelNew ({entries} differ from what its __init__ makes of them) {wrong}; built as "
+        f"KernelBench builds it (the init seed, nothing copied) it is right on inputs A and B, "
+        f"so it was judged that way, without the later-call, same-buffer and input-scale checks "
+        f"(KD301, KD401)", level=Level.WARNING, reason="own-initialisation",
+        own_init_entries=differs[:32])
+    add.run.metrics["initialisation"] = "own"
+    return own
 
 
 def rejected(run: KernelRun) -> bool:

@@ -510,6 +510,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                     add_job_seconds("parent:judge", time.monotonic() - judging)
                 if watched is None or run.status != "ok" or rejected(run):
                     return  # the second opinion is for kernels the watched calls found right
+                if run.metrics.get("initialisation") == "own":  # judged as KernelBench builds it
+                    common = {**common, "own_init": True}
                 plain = Job(PLAIN_TARGET, {**common, "kernel": kernel, "build_dir": build,
                                            "calls": PLAIN_CALLS},
                             env=env, inputs=shared, visible=visible, writable=(build,), **limits)

@@ -30,6 +30,10 @@ model, in an order drawn from `schedule_seed`:
   stream right after forward returns, before any device synchronise, and counts elements that
   differ from the outputs after the synchronise (KD403).
 
+When ModelNew's own initialisation under the init seed set some entry of the copied state
+otherwise (`own_init_differs`), a last model is built without the copy, as KernelBench builds it,
+and called on inputs B, then A (`own_b.pt`, `own_a.pt`).
+
 After every call: the inputs are compared with their originals (the first call that changed them
 saves them as `inputs_after.pt`, KD402); threads started during the call and still running when it
 returned are listed (KD404); and `guard.Watch` lists what was rebound (KD405).
@@ -240,13 +244,29 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         own = model.state_dict()
         matched = {k: v for k, v in state.items()
                    if k in own and getattr(own[k], "shape", None) == getattr(v, "shape", None)}
+        if info["own_init_differs"] is None:  # before the copy: what ModelNew sets otherwise
+            info["own_init_differs"] = [k for k, v in matched.items() if not _same(own[k], v)]
         if matched:
             model.load_state_dict(matched, strict=False)
         return model.to(device), len(matched)
 
+    def own_initialisation() -> None:
+        """ModelNew as KernelBench builds it (the init seed, no weights copied in), called on
+        inputs B, then A (`own_b.pt`, `own_a.pt`): the judge's fallback when Model's weights make
+        the kernel wrong and its own make it right (an `__init__` that folds a constant into a
+        parameter). A fresh model, B first: an answer kept from an earlier call is wrong on A."""
+        with phase("own-init"):
+            torch.manual_seed(init_seed)
+            model = kernel.ModelNew(*init_inputs).to(device)
+        with phase("own-forward"):
+            for kind in ("b", "a"):
+                result = _call(model, _to(originals[kind], device, torch), torch)
+                save(_outputs(result, torch, device, info), f"own_{kind}.pt")
+
     info: dict[str, Any] = {"returned": None, "guard_violations": [], "side_stream": [],
                             "changed_after_return": 0, "lingering_threads": [], "tampered": [],
-                            "mutated": None, "worst_call": None, "differing_calls": 0}
+                            "mutated": None, "worst_call": None, "differing_calls": 0,
+                            "own_init_differs": None}
     counters: dict[str, int] = {}
     output_oob: dict[int, list] = {}
     scale_keys = list(scaled_sets)
@@ -351,6 +371,8 @@ def run_candidate(args: dict, out_dir: str) -> dict:
                 save(outputs, f"scaled_{kind}.pt")
             after_call(source, inputs, threads.running)
     info["calls"] = number
+    if info["own_init_differs"]:
+        own_initialisation()
     info.update(counters)
     for index, masks in output_oob.items():
         real_save(masks, os.path.join(out_dir, f"oob{index}.pt"))
@@ -401,6 +423,12 @@ def _init_state(torch: Any, args: dict) -> tuple[list, dict]:
         torch.manual_seed(int(args["init_seed"]))
         init_inputs = problem.get_init_inputs()
         return init_inputs, problem.Model(*init_inputs).state_dict()
+
+
+def _same(own: Any, copied: Any) -> bool:
+    """Whether ModelNew's own value of a state entry is Model's, bit for bit."""
+    own = own.detach().cpu()
+    return own.dtype == copied.dtype and own.equal(copied)
 
 
 def _changed(inputs: list, originals: list, torch: Any, as_bits: Any) -> bool:

@@ -6,7 +6,8 @@ It imports only the standard library and torch, and is loaded by path with the r
 forgotten (`child` drops them from `sys.modules` before loading a file). Arguments: `in_dir`
 (`inputs_a.pt`, `init.pt`), `kernel`, `problem` (only when `init.pt` is missing), `device`,
 `init_seed`, `calls`, `gpu_memory_fraction`, `build_dir` (where the kernel's extensions were
-built). Saves each call's outputs as `run<k>.pt`.
+built), `own_init` (ModelNew built without Model's weights copied in). Saves each call's
+outputs as `run<k>.pt`.
 """
 
 import importlib.util
@@ -51,9 +52,10 @@ def run(args, out_dir):
     torch.manual_seed(int(args["init_seed"]))
     model = kernel.ModelNew(*init_inputs)
     own = model.state_dict()
-    model.load_state_dict({k: v for k, v in state.items()
-                           if k in own and getattr(own[k], "shape", None) == v.shape},
-                          strict=False)
+    if not args.get("own_init"):  # else nothing copied: the judge found it right only so
+        model.load_state_dict({k: v for k, v in state.items()
+                               if k in own and getattr(own[k], "shape", None) == v.shape},
+                              strict=False)
     model = model.to(device)
     for number in range(int(args.get("calls", 3))):
         values = [v.clone().to(device) if isinstance(v, torch.Tensor) else v for v in inputs]

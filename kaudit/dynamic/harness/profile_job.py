@@ -4,8 +4,9 @@ KD602, KD403). This file only records and extracts; it decides nothing.
 
 It imports only the standard library and torch, and is loaded by path with the rest of its package
 forgotten, like the plain run. Arguments: `in_dir` (`inputs_a.pt`, `init.pt`), `problem`,
-`kernel`, `device`, `init_seed`, `build_dir`, `gpu_memory_fraction`, `warmup` (unprofiled calls
-first: compiles, autotuning), `calls` (profiled calls per model).
+`kernel`, `device`, `init_seed`, `own_init` (as in the plain run), `build_dir`,
+`gpu_memory_fraction`, `warmup` (unprofiled calls first: compiles, autotuning), `calls` (profiled
+calls per model).
 
 The reference problem is profiled first, before the kernel file is imported, then the candidate,
 each in its own profiler session, with no poisoning. Each profiled call is bracketed by the job's
@@ -234,8 +235,9 @@ def run(args, out_dir):
         if name == "reference":
             model = _build(torch, problem.Model, init_inputs, state, seed, device)
         else:
-            model = _build(torch, _load("kernel", args["kernel"]).ModelNew, init_inputs, state,
-                           seed, device)
+            # own_init: built as KernelBench builds it, the way the judge found it right
+            model = _build(torch, _load("kernel", args["kernel"]).ModelNew, init_inputs,
+                           {} if args.get("own_init") else state, seed, device)
         with torch.no_grad():
             for _ in range(warmup):
                 recorder.call(model, *[v.clone() if isinstance(v, torch.Tensor) else v

@@ -5,10 +5,11 @@ clock, the check of the outputs of two trials); this file only measures.
 
 It imports only the standard library and torch, and is loaded by path with the rest of its package
 forgotten, like the plain run. Arguments: `in_dir` (`inputs_a.pt`, `inputs_b.pt`, `init.pt`),
-`problem`, `kernel`, `device`, `init_seed`, `build_dir`, `gpu_memory_fraction`, `method`
-(`robust` or `kernelbench`), `warmup`, `min_trials`, `max_trials`, `budget_s` (seconds of timed
-calls per model that set the trial count between the two), `discard` (KernelBench's discarded first
-trials), `check` (trial numbers whose candidate outputs are saved as `check<t>.pt`).
+`problem`, `kernel`, `device`, `init_seed`, `own_init` (as in the plain run), `build_dir`,
+`gpu_memory_fraction`, `method` (`robust` or `kernelbench`), `warmup`, `min_trials`, `max_trials`,
+`budget_s` (seconds of timed calls per model that set the trial count between the two), `discard`
+(KernelBench's discarded first trials), `check` (trial numbers whose candidate outputs are saved as
+`check<t>.pt`).
 
 `robust`: the reference is timed first, before the kernel file is imported (`reference_before`);
 then reference and candidate alternate, trial by trial, in alternating order. Each trial gets
@@ -231,7 +232,9 @@ def run(args, out_dir):
                   for t in range(int(args.get("min_trials", 10)))]
         info["reference_before"] = [wall if event is None else event for event, wall in before]
     candidate_class = _load("kernel", args["kernel"]).ModelNew
-    candidate = _build(torch, candidate_class, init_inputs, state, seed, device)
+    # own_init: built as KernelBench builds it, the way the judge found it right
+    candidate = _build(torch, candidate_class, init_inputs,
+                       {} if args.get("own_init") else state, seed, device)
     if method == "kernelbench":
         info.update(_kernelbench(clock, torch, reference, candidate, pool[0], warmup,
                                  int(args.get("max_trials", 100)), int(args.get("discard", 1)),
