@@ -165,6 +165,16 @@ def test_a_kernel_right_only_with_its_own_initialisation_is_judged_on_it(fixture
     assert "initialisation" not in fixture_runs["good_own_parameter_order"].metrics
 
 
+def test_a_stale_output_names_what_can_explain_it(fixture_runs):
+    """In the first call's buffers a side stream that reads them too early gives the first
+    answer as a cache does; in new buffers only a kept answer can."""
+    for name in ("bad_data_ptr_cache", "bad_shape_cache_triton"):
+        (stale,) = [f for f in fixture_runs[name].findings if f.rule == "KD401"]
+        assert "keeps an answer between calls" in stale.message, stale.message
+        early_read = "before the caller's copy into them is done" in stale.message
+        assert early_read == (stale.metrics["buffers"] == "same"), stale.message
+
+
 def test_allocations_are_poisoned_on_the_device(fixture_runs):
     (empty,) = fixture_runs["bad_empty_output"].findings
     assert empty.rule == "KD101" and empty.metrics["fraction"] == 1.0

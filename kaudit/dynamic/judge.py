@@ -627,10 +627,17 @@ def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same:
 
     if matches(ref_a, ref_b) or not matches(ref_a, plain):
         return False  # inputs A and B give the same answer, or the first call was already wrong
-    for outs, how in ((fresh, "new buffers"), (same, "the first call's buffers")):
+    # what can give the first answer again: kept answers (a cache, a CUDA graph replayed on the
+    # first call's buffers); in the same buffers also a read before the caller's copy is done
+    for outs, how, why in (
+            (fresh, "new buffers", "it keeps an answer between calls (a cache, or work "
+             "captured on the first call's buffers and replayed)"),
+            (same, "the first call's buffers", "it keeps an answer between calls (a cache keyed "
+             "on the buffers), or reads its inputs before the caller's copy into them is done "
+             "(work on a stream of its own that does not wait for the caller's)")):
         if not matches(ref_b, outs) and matches(ref_a, outs):
             add("KD401", f"stale output: called again with fresh inputs in {how}, forward "
-                f"returned the first call's answer, not the answer for the new inputs",
+                f"returned the first call's answer, not the answer for the new inputs: {why}",
                 buffers="new" if outs is fresh else "same")
             return True
     return False
