@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kaudit.dynamic import acceptance, probes
+from kaudit.dynamic import acceptance
 from kaudit.dynamic.harness import sentinels
+from kaudit.dynamic.harness.scaling import distance
 from kaudit.dynamic.runner import TIMEOUT, OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Level, Location
@@ -154,7 +155,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
         after = load_any(candidate, "inputs_after.pt",
                          size_limit(inputs.get(mutated["inputs"], []))) \
             if mutated and mutated.get("inputs") in inputs else None
-        scaled = [candidate.load_tensors(f"scaled_{s['key']}.pt", size_limit(s["native"]))
+        scaled = [candidate.load_tensors(f"scaled_{s['key']}.pt", s["bytes"] + OUTPUT_SLACK)
                   for s in scaled_refs]
         oob = {index: load_any(candidate, f"oob{index}.pt", OUTPUT_SLACK)
                for index in range(len(plain_a)) if f"oob{index}.pt" in candidate.files()}
@@ -357,7 +358,7 @@ def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
 
 def passed_checks(reference: Any, output: Any, tolerance: Tolerance) -> tuple[bool, bool]:
     """Whether `output` passes (the preset's check, the scale-invariant check)."""
-    rel, ratio = scale_free_errors(reference, output)
+    rel, ratio = distance(reference, output)
     rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
     return tolerance.accepts(reference, output), rel <= rel_limit and ratio <= ratio_limit
 
@@ -369,7 +370,7 @@ def fails_again(reference: Any, output: Any, passed: tuple[bool, bool], toleranc
     preset, scale_free = passed
     if preset and not tolerance.accepts(reference, output):
         return f"{name} fails {tolerance.check_text(_dtype(reference))}"
-    rel, ratio = scale_free_errors(reference, output)
+    rel, ratio = distance(reference, output)
     rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
     if scale_free and (rel > rel_limit or ratio > ratio_limit):
         return f"{name} has relative L2 error {_num(rel)} (limit {rel_limit:g})"
@@ -412,25 +413,28 @@ def _side_stream(add: Adder, differing: list[int], reference: list) -> None:
 
 def _scale_fragility(add: Adder, scaled_refs: list[dict], scaled: list[list]) -> None:
     """KD301: wrong at a scale where the float64 reference shows the problem is well conditioned
-    (the native reference agrees with it within the scale-free limits)."""
+    (the native reference's distance from it, measured by the reference job, is within the
+    scale-free limits)."""
     for record, outputs in zip(scaled_refs, scaled):
-        if record["fp64"] is None or len(outputs) != len(record["native"]):
+        if record["fp64"] is None or len(outputs) != len(record["fp64"]):
             continue
-        for index, (native, wide, out) in enumerate(zip(record["native"], record["fp64"],
-                                                        outputs)):
-            if out.shape != native.shape or wide.shape != native.shape:
+        for index, (wide, out) in enumerate(zip(record["fp64"], outputs)):
+            known = index < len(record["errors"]) and index < len(record["dtypes"])
+            if not known or record["errors"][index] is None or None in record["errors"][index] \
+                    or out.shape != wide.shape:
                 continue
-            rel_limit, ratio_limit = SCALE_FREE.get(_dtype(native), SCALE_FREE_DEFAULT)
-            ref_rel, ref_ratio = scale_free_errors(wide, native)
+            dtype = record["dtypes"][index]
+            rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
+            ref_rel, ref_ratio = record["errors"][index]
             if ref_rel > rel_limit or ref_ratio > ratio_limit:
                 continue  # the problem itself loses accuracy at this scale
-            rel, ratio = scale_free_errors(wide, out)
+            rel, ratio = distance(wide, out)
             if rel > max(rel_limit, 10 * ref_rel) or ratio > max(ratio_limit, 10 * ref_ratio):
                 name = output_name(index, outputs)
                 add("KD301", f"scale fragility: with the inputs scaled by {record['scale']:g}, "
                     f"{name} has relative L2 error {_num(rel)} and max error / max|reference| "
                     f"{_num(ratio)} against a float64 reference (limits {rel_limit:g}, "
-                    f"{ratio_limit:g}), while the {_dtype(native)} reference stays within "
+                    f"{ratio_limit:g}), while the {dtype} reference stays within "
                     f"{_num(ref_rel)} / {_num(ref_ratio)}: correct at scale 1, wrong at "
                     f"{record['scale']:g}", scale=record["scale"], output=index,
                     relative_l2=_finite(rel), max_error_ratio=_finite(ratio),
@@ -546,24 +550,6 @@ def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
     return info
 
 
-def scale_free_errors(reference: Any, candidate: Any) -> tuple[float, float]:
-    """(relative L2 error, max error / max |reference|), in float64; inf when the reference is all
-    zero and the candidate is not."""
-    ref = reference.double().reshape(-1)
-    out = candidate.double().reshape(-1)
-    if not ref.numel():
-        return 0.0, 0.0
-    diff = out - ref
-    error_norm = float(diff.norm())
-    if not math.isfinite(error_norm):  # a NaN or Inf in either
-        return math.inf, math.inf
-    norm, peak = float(ref.norm()), probes.max_abs(ref)
-    error_peak = probes.max_abs(diff)
-    rel = error_norm / norm if norm else (0.0 if error_norm == 0 else math.inf)
-    ratio = error_peak / peak if peak else (0.0 if error_peak == 0 else math.inf)
-    return rel, ratio
-
-
 def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolerance,
                  call: int | None = None, calls: int | None = None,
                  noise: list | None = None) -> bool:
@@ -583,7 +569,7 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
         atol, rtol = tolerance.for_dtype(dtype)
         preset = tolerance.accepts(ref, out)
         check = tolerance.check_text(dtype)
-        rel, ratio = scale_free_errors(ref, out)
+        rel, ratio = distance(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
         scale_ok = rel <= rel_limit and ratio <= ratio_limit
         name = output_name(index, reference)

@@ -469,7 +469,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
         loading = time.monotonic()
         try:
             refs = {n: reference_result.load_tensors(f"ref_{n}.pt") for n in ("a", "b")}
-            scaled_refs = _scaled_references(reference_result, keys, scales)
+            scaled_refs = _scaled_references(reference_result, keys, scales, len(refs["a"]))
             reference_left = _reference_mutations(reference_result)
             add_job_seconds("parent:load-references", time.monotonic() - loading)
         except OutputError as exc:
@@ -577,8 +577,13 @@ def _reference_noise(result: RunResult, outputs: int) -> list[float | None] | No
     found = (result.value or {}).get("noise")
     if not isinstance(found, list) or len(found) != outputs:
         return None
-    return [float(value) if isinstance(value, (int, float)) and not isinstance(value, bool)
-            and value >= 0 else None for value in found]  # NaN is not >= 0; inf: all noise
+    return [_distance(value) for value in found]
+
+
+def _distance(value: Any) -> float | None:
+    """A distance a reference job reported: a number >= 0 (inf included), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and value >= 0 else None  # NaN is not >= 0
 
 
 def _reference_mutations(result: RunResult) -> dict[str, list] | None:
@@ -594,13 +599,25 @@ def _reference_mutations(result: RunResult) -> dict[str, list] | None:
     return left
 
 
-def _scaled_references(result: RunResult, keys: list[str], scales: list[float]) -> list[dict]:
-    """Per scale: the native and (when the float64 copy ran) float64 reference outputs."""
+def _scaled_references(result: RunResult, keys: list[str], scales: list[float],
+                       outputs: int) -> list[dict]:
+    """Per scale: the float64 reference outputs (`fp64`, when the float64 copy ran), and per
+    output the native reference's distance from them (`errors`: (relative L2, max error ratio),
+    or None), its dtype and the bytes of all (`harness/kernel_job.run_reference`)."""
     described = (result.value or {}).get("scales", {})
     scaled = []
     for key, factor in zip(keys, scales):
-        fp64 = described.get(key, {}).get("fp64")
-        scaled.append({"key": key, "scale": factor, "native": result.load_tensors(f"ref_{key}.pt"),
-                       "fp64": result.load_tensors(f"ref64_{key}.pt") if fp64 else None,
-                       "fp64_error": described.get(key, {}).get("fp64_error")})
+        record = described.get(key) if isinstance(described.get(key), dict) else {}
+        errors = record.get("errors") if isinstance(record.get("errors"), list) else []
+        dtypes = record.get("dtypes") if isinstance(record.get("dtypes"), list) else []
+        size = record.get("bytes")
+        scaled.append({
+            "key": key, "scale": factor,
+            "fp64": result.load_tensors(f"ref64_{key}.pt") if record.get("fp64") else None,
+            "errors": [tuple(map(_distance, pair)) if isinstance(pair, list) and len(pair) == 2
+                       else None for pair in errors[:outputs]],
+            "dtypes": [str(d) for d in dtypes[:outputs]],
+            "bytes": size if isinstance(size, int) and not isinstance(size, bool) and size >= 0
+            else 0,
+            "fp64_error": record.get("fp64_error")})
     return scaled

@@ -74,18 +74,18 @@ def non_negative_int(value: object) -> int | None:
 def reference_writes(size: ProblemSize, scales: int) -> int:
     """What a kernel's reference job writes (`harness/kernel_job.run_reference`): two sets of
     inputs (twice, when its forward changes them), the model's state and init inputs, two
-    outputs and, for each of the `scales` input scales other than 1, an output and its float64
-    twin; 0 (unknown) when the outputs could not be sized."""
+    outputs and, for each of the `scales` input scales other than 1, the output's float64 twin
+    (`harness.scaling.twin`); 0 (unknown) when the outputs could not be sized."""
     if size.outputs is None or size.twins is None:
         return 0
     input_files = 4 if size.inputs_changed else 2
-    files = input_files + 1 + 2 + 2 * scales
-    return (input_files * size.inputs + size.params + size.init + (2 + scales) * size.outputs
+    files = input_files + 1 + 2 + scales
+    return (input_files * size.inputs + size.params + size.init + 2 * size.outputs
             + scales * size.twins + files * SAVE_OVERHEAD)
 
 
 #: a kernel's job writes up to this many outputs (the candidate's poisoned, fresh, repeated and
-#: scaled calls; the plain run's calls)
+#: scaled calls, and those of its own initialisation; the plain run's calls)
 JOB_WRITES = 12
 
 

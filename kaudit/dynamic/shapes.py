@@ -26,6 +26,7 @@ import os
 from typing import Any
 
 from kaudit.dynamic import scratch
+from kaudit.dynamic.harness.scaling import distance
 from kaudit.dynamic.judge import (
     SCALE_FREE,
     SCALE_FREE_DEFAULT,
@@ -34,7 +35,6 @@ from kaudit.dynamic.judge import (
     _layout_problem,
     _num,
     output_name,
-    scale_free_errors,
     size_limit,
 )
 from kaudit.dynamic.runner import Job, OutputError, run_job, share_inputs
@@ -183,7 +183,7 @@ def _fragile(plain: Any, expected: list) -> str | None:
     if layout:
         return f"is wrong: {layout}"
     for index, (ref, out) in enumerate(zip(expected, outputs)):
-        rel, ratio = scale_free_errors(ref, out)
+        rel, ratio = distance(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(_dtype(ref), SCALE_FREE_DEFAULT)
         if rel > rel_limit or ratio > ratio_limit:
             return (f"is wrong: {output_name(index, expected)} has relative L2 error "

@@ -5,9 +5,11 @@ two input seeds, saves the inputs `get_inputs()` gives (`inputs_a.pt`, `inputs_b
 runs) and the reference outputs (`ref_a.pt`, `ref_b.pt`). It also saves what the candidate needs to
 build its model without importing the problem (`init.pt`: the init inputs and Model's
 `state_dict`; `sizes` rebinds module-level sizes of the problem first, for KD302), and, for each
-input scale other than 1 (`scales`, KD301), the reference output on the first seed's inputs
-with their floating tensors multiplied by the scale (`ref_s<k>.pt`) and a float64 copy of the
-reference model's output (`ref64_s<k>.pt`). The scaled inputs are not saved: the candidate makes
+input scale other than 1 (`scales`, KD301), the float64 copy of the reference model's output on
+the first seed's inputs with their floating tensors multiplied by the scale (`ref64_s<k>.pt`, in
+float32 for outputs of lower precision: `scaling.twin`); of the native model's output there, only
+its distance from that one (`scaling.distance`), its dtypes and bytes are reported, not the
+tensors (half the bytes a scale writes). The scaled inputs are not saved: the candidate makes
 them from `inputs_a.pt` the same way (an elementwise product, exact to the bit), so a kernel's
 shared inputs are two sets, not four (a level-1 set reaches gigabytes).
 
@@ -48,7 +50,6 @@ not capped).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import sys
@@ -81,7 +82,7 @@ def run_reference(args: dict, out_dir: str) -> dict:
     import torch
 
     from .problem_job import float64_copy, make_inputs
-    from .scaling import scale_input
+    from .scaling import distance, scale_input, twin
     from .sentinels import as_bits
 
     _out_dir[:] = [out_dir]
@@ -126,8 +127,10 @@ def run_reference(args: dict, out_dir: str) -> dict:
         key = f"s{index}"
         with phase("scaled-reference"):
             scaled = [scale_input(v, factor, torch) for v in first]
-            _save(torch, _forward(model, _to(scaled, device, torch), torch, device), out_dir,
-                  f"ref_{key}.pt")
+            native = _forward(model, _to(scaled, device, torch), torch, device)
+            scales[key] = {"scale": factor, "fp64": False,
+                           "dtypes": [str(o.dtype).removeprefix("torch.") for o in native],
+                           "bytes": sum(o.numel() * o.element_size() for o in native)}
         try:
             if reference64 is None:
                 reference64, error = float64_copy(model, torch)
@@ -135,18 +138,19 @@ def run_reference(args: dict, out_dir: str) -> dict:
                     raise RuntimeError(error)
             wide = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                     for v in scaled]
-            _save(torch, _forward(reference64, _to(wide, device, torch), torch, device), out_dir,
+            exact = _forward(reference64, _to(wide, device, torch), torch, device)
+            # the native outputs stay here: the judge needs only how far they are from the
+            # float64 ones, and those as `twin` keeps them (half the bytes for float32 outputs)
+            scales[key]["errors"] = [list(distance(t, o)) if t.shape == o.shape else None
+                                     for t, o in zip(exact, native)]
+            _save(torch, [twin(t, o, torch) for t, o in zip(exact, native)], out_dir,
                   f"ref64_{key}.pt")
-            scales[key] = {"scale": factor, "fp64": True}
+            scales[key]["fp64"] = True
         except Exception as exc:  # noqa: BLE001 - without float64, conditioning is unknown
-            scales[key] = {"scale": factor, "fp64": False,
-                           "fp64_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            scales[key]["fp64_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        del native
     return {"shapes": shapes, "scales": scales, "torch": torch.__version__,
             "init_handed_over": handed_over, "mutates_inputs": mutates, "noise": noise}
-
-
-#: elements per slice when distances are summed in float64 (bounds the memory it takes)
-SLICE = 1 << 24
 
 
 def _reference_noise(torch: Any, model: Any, inputs: list, outputs: list,
@@ -156,6 +160,7 @@ def _reference_noise(torch: Any, model: Any, inputs: list, outputs: list,
     be made). Near 1, the output is rounding noise: the exact answer is zero (a GroupNorm's
     mean), and no output can be judged right or wrong against it."""
     from .problem_job import float64_copy
+    from .scaling import distance
 
     try:
         reference64, error = float64_copy(model, torch)
@@ -166,20 +171,9 @@ def _reference_noise(torch: Any, model: Any, inputs: list, outputs: list,
         exact = _forward(reference64, _to(wide, device, torch), torch, device)
     except Exception:  # noqa: BLE001 - without float64, the noise is unknown
         return None, None
-    distances: list = []
-    for native, true in zip(outputs, exact):
-        if not native.is_floating_point() or native.shape != true.shape:
-            distances.append(None)
-            continue
-        flat, truth = native.reshape(-1), true.reshape(-1)
-        error = norm = 0.0
-        for start in range(0, flat.numel(), SLICE):
-            part = truth[start:start + SLICE].double()
-            error += float((flat[start:start + SLICE].double() - part).square().sum())
-            norm += float(part.square().sum())
-        # an exact answer of zero and a native one that is not: all noise
-        distances.append((error / norm) ** 0.5 if norm else (0.0 if error == 0 else math.inf))
-    return distances, reference64
+    # an exact answer of zero and a native one that is not: all noise (inf)
+    return [distance(true, native)[0] if native.is_floating_point() and native.shape == true.shape
+            else None for native, true in zip(outputs, exact)], reference64
 
 
 def _hand_over(torch: Any, init_inputs: Any, model: Any, out_dir: str) -> bool:

@@ -48,9 +48,10 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
         outputs = [v for v in (result if isinstance(result, (list, tuple)) else [result])
                    if isinstance(v, torch.Tensor)]
         found["outputs"] = _bytes(torch, outputs)
-        # each output's float64 twin: complex ones complex128, others keep their dtype
-        found["twins"] = sum(v.numel() * (16 if v.is_complex() else
-                                          8 if v.is_floating_point() else v.element_size())
+        # each output's float64 twin as the reference job saves it (`scaling.twin`)
+        found["twins"] = sum(v.numel() * (16 if v.dtype == torch.complex128 else
+                                          8 if v.dtype == torch.float64 or v.is_complex() else
+                                          4 if v.is_floating_point() else v.element_size())
                              for v in outputs)
     except Exception as exc:  # noqa: BLE001 - an unsized problem runs as before
         found["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
