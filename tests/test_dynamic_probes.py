@@ -536,3 +536,58 @@ def test_the_float64_twin_is_kept_at_the_precision_its_checks_need():
     assert twin(wide, wide, torch).dtype == torch.complex128
     counts = torch.arange(8)
     assert twin(counts, counts, torch) is counts
+
+
+def test_an_answer_identical_to_the_first_for_its_inputs_is_not_written_again(monkeypatch):
+    """An honest kernel's poisoned runs and its second call on inputs B give the bits it gave
+    first: the job names the first file instead of writing a copy (outputs reach gigabytes),
+    and the judge reads that one; a kernel whose poisoned runs differ has them all written."""
+    from kaudit.dynamic import judge
+    from tests.conftest import DYNAMIC_FIXTURES
+
+    seen: list = []
+
+    class Watched(judge.Answers):
+        def __init__(self, candidate, info):
+            super().__init__(candidate, info)
+            seen.append(self)
+
+    monkeypatch.setattr(judge, "Answers", Watched)
+    options = DynamicOptions(device="cpu", timeout=240, calls=(6, 6))
+    found = {}
+    for name in ("good_pytorch_linear", "bad_empty_output"):
+        kernel = DYNAMIC_FIXTURES / name / "kernel.py"
+        run = audit_kernel(str(kernel), "kernel.py", kernel.read_text(), options, "cpu")
+        found[name] = (run, seen.pop())
+    run, honest = found["good_pytorch_linear"]
+    assert run.findings == []
+    assert {f"poison{r}.pt" for r in range(4)} <= honest.same_as.keys()
+    assert set(honest.same_as.values()) <= {"plain.pt", "fresh.pt", "same.pt"}
+    assert len({"fresh.pt", "same.pt"} & honest.same_as.keys()) == 1
+    assert not honest.written & honest.same_as.keys()
+    run, empty = found["bad_empty_output"]
+    assert [f.rule for f in run.findings] == ["KD101"]
+    assert not {f"poison{r}.pt" for r in range(4)} & empty.same_as.keys()
+
+
+def test_an_answer_named_as_another_must_name_a_written_file_and_replace_none():
+    from kaudit.dynamic.judge import Answers
+
+    class Written:
+        loads: list = []
+
+        def files(self):
+            return ["plain.pt", "poison0.pt"]
+
+        def load_tensors(self, name, max_bytes=None):
+            self.loads.append(name)
+            return [torch.tensor([float(len(name))])]
+
+    job = Written()
+    answers = Answers(job, {"same_as": {"poison1.pt": "plain.pt", "poison0.pt": "plain.pt",
+                                        "fresh.pt": "nowhere.pt", "same.pt": 3}})
+    assert answers.same_as == {"poison1.pt": "plain.pt"}
+    assert answers.has("poison1.pt") and not answers.has("fresh.pt")
+    assert answers.load("poison1.pt", 1 << 20) == answers.load("plain.pt", 1 << 20)
+    assert job.loads == ["plain.pt"], "read once"
+    assert Answers(job, {"same_as": ["poison1.pt"]}).same_as == {}

@@ -102,6 +102,29 @@ def not_audited(add: Adder, result: RunResult, what: str) -> None:
 NO_TRITON_DRIVER = "0 active drivers"
 
 
+class Answers:
+    """The candidate job's answer files. One the job named in `same_as` was bit-identical to
+    the first answer it saved for the same inputs and was not written: it is that file, loaded
+    once (the job can forge this no more than it can write any file it likes)."""
+
+    def __init__(self, candidate: RunResult, info: dict) -> None:
+        self.candidate, self.written = candidate, set(candidate.files())
+        named = info.get("same_as") if isinstance(info.get("same_as"), dict) else {}
+        self.same_as = {k: v for k, v in named.items() if isinstance(k, str) and
+                        isinstance(v, str) and v in self.written and k not in self.written}
+        self.loaded: dict[str, list] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.written or name in self.same_as
+
+    def load(self, name: str, max_bytes: int) -> list:
+        """`RunResult.load_tensors`; FileNotFoundError for an answer neither written nor named."""
+        name = self.same_as.get(name, name)
+        if name not in self.loaded:
+            self.loaded[name] = self.candidate.load_tensors(name, max_bytes)
+        return list(self.loaded[name])
+
+
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
           scaled_refs: list[dict], options: Any,
           reference_left: dict[str, list] | None = None,
@@ -144,14 +167,15 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     info = candidate.value if isinstance(candidate.value, dict) else {}
     ref_a, ref_b = refs["a"], refs["b"]
     mutated = info.get("mutated") if isinstance(info.get("mutated"), dict) else None
+    answers = Answers(candidate, info)
     try:
-        poisoned = [candidate.load_tensors(f"poison{r}.pt", size_limit(ref_a))
+        poisoned = [answers.load(f"poison{r}.pt", size_limit(ref_a))
                     for r in range(sentinels.RUNS)]
-        plain_a = candidate.load_tensors("plain.pt", size_limit(ref_a))
-        fresh = candidate.load_tensors("fresh.pt", size_limit(ref_b))
-        same = candidate.load_tensors("same.pt", size_limit(ref_b))
-        worst = candidate.load_tensors("a_worst.pt", size_limit(ref_a)) \
-            if "a_worst.pt" in candidate.files() else None
+        plain_a = answers.load("plain.pt", size_limit(ref_a))
+        fresh = answers.load("fresh.pt", size_limit(ref_b))
+        same = answers.load("same.pt", size_limit(ref_b))
+        worst = answers.load("a_worst.pt", size_limit(ref_a)) \
+            if answers.has("a_worst.pt") else None
         after = load_any(candidate, "inputs_after.pt",
                          size_limit(inputs.get(mutated["inputs"], []))) \
             if mutated and mutated.get("inputs") in inputs else None
@@ -171,7 +195,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     run.status = "ok"
     run.metrics.update({k: v for k, v in info.items() if not isinstance(v, (list, dict))})
     _tampering(add, info.get("tampered") or [])
-    own = _own_initialisation(add, candidate, info, refs, plain_a, options.tolerance)
+    own = _own_initialisation(add, answers, info, refs, plain_a, options.tolerance)
     if own is not None:  # judged as KernelBench builds it; the copied-weights calls say nothing
         plain_a, fresh, same, worst, scaled = own["a"], own["b"], own["b"], None, []
     layout = _layout_problem(ref_a, plain_a)
@@ -199,7 +223,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     return plain_a
 
 
-def _own_initialisation(add: Adder, candidate: RunResult, info: dict, refs: dict,
+def _own_initialisation(add: Adder, answers: Answers, info: dict, refs: dict,
                         copied: list, tolerance: Tolerance) -> dict[str, list] | None:
     """The kernel's outputs with its own initialisation (`own_a.pt`, `own_b.pt`: ModelNew under
     the init seed, no weights copied in, as KernelBench builds it) when they pass every check on
@@ -207,7 +231,7 @@ def _own_initialisation(add: Adder, candidate: RunResult, info: dict, refs: dict
     that folds a constant into a parameter (CUDA-L1 level 2 task 46, `conv.bias.sub_(0.5)`) is
     right, and the copy made it wrong. A KD202 warning says so; None otherwise."""
     differs = [str(k) for k in info.get("own_init_differs") or []]
-    if not differs or not {"own_a.pt", "own_b.pt"} <= set(candidate.files()):
+    if not differs or not (answers.has("own_a.pt") and answers.has("own_b.pt")):
         return None
 
     def right(refs: list, outputs: list) -> bool:
@@ -217,7 +241,7 @@ def _own_initialisation(add: Adder, candidate: RunResult, info: dict, refs: dict
     if right(refs["a"], copied):
         return None
     try:
-        own = {kind: candidate.load_tensors(f"own_{kind}.pt", size_limit(refs[kind]))
+        own = {kind: answers.load(f"own_{kind}.pt", size_limit(refs[kind]))
                for kind in ("a", "b")}
     except OutputError:
         return None  # unreadable: judged with the copied weights, as without them

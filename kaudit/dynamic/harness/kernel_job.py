@@ -32,6 +32,10 @@ model, in an order drawn from `schedule_seed`:
   stream right after forward returns, before any device synchronise, and counts elements that
   differ from the outputs after the synchronise (KD403).
 
+An answer bit-identical to the first one saved for the same inputs (A: `plain.pt`; B: the
+first of `fresh.pt` and `same.pt`) is not written again: `same_as` names that file (an honest
+kernel's poisoned runs give the bits of its first call, and outputs reach gigabytes).
+
 When ModelNew's own initialisation under the init seed set some entry of the copied state
 otherwise (`own_init_differs`), a last model is built without the copy, as KernelBench builds it,
 and called on inputs B, then A (`own_b.pt`, `own_a.pt`).
@@ -207,8 +211,20 @@ def run_candidate(args: dict, out_dir: str) -> dict:
     watch = guard.Watch(torch, __package__, {"threading.Thread.start": (THREAD_START,)})
     real_save, as_bits = torch.save, sentinels.as_bits
 
-    def save(outputs: list, name: str) -> None:
-        real_save([o.detach().cpu().clone() for o in outputs], os.path.join(out_dir, name))
+    anchors: dict[str, tuple[str, list]] = {}  # input set -> its first saved answer
+
+    def save(outputs: list, name: str, inputs: str | None = None) -> None:
+        """`inputs`: the input set `outputs` answer ("a", "b"); an answer bit-identical to the
+        first one saved for that set is not written again but named in `same_as` (an honest
+        kernel's poisoned and repeated runs give the same bits, and outputs reach gigabytes)."""
+        cpu = [o.detach().cpu().clone() for o in outputs]
+        anchor = anchors.get(inputs) if inputs else None
+        if anchor is not None and _identical(torch, cpu, anchor[1]):
+            info["same_as"][name] = anchor[0]
+            return
+        if inputs and anchor is None:
+            anchors[inputs] = (name, cpu)
+        real_save(cpu, os.path.join(out_dir, name))
 
     _out_dir[:] = [out_dir]
     use_build_folder(args, out_dir)
@@ -255,12 +271,12 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         with phase("own-forward"):
             for kind in ("b", "a"):
                 result = _call(model, _to(originals[kind], device, torch), torch)
-                save(_outputs(result, torch, device, info), f"own_{kind}.pt")
+                save(_outputs(result, torch, device, info), f"own_{kind}.pt", kind)
 
     info: dict[str, Any] = {"returned": None, "guard_violations": [], "side_stream": [],
                             "changed_after_return": 0, "lingering_threads": [], "tampered": [],
                             "mutated": None, "worst_call": None, "differing_calls": 0,
-                            "own_init_differs": None}
+                            "own_init_differs": None, "same_as": {}}
     counters: dict[str, int] = {}
     output_oob: dict[int, list] = {}
     scale_keys = list(scaled_sets)
@@ -316,7 +332,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
                 for index, (before, after) in masks.items():
                     union = output_oob.setdefault(index, [before, after])
                     union[0], union[1] = union[0] | before, union[1] | after
-                save(outputs, f"poison{run}.pt")
+                save(outputs, f"poison{run}.pt", "a")
                 after_call("a", inputs, threads.running)
                 for name, value in poisoner.counters.items():
                     counters[name] = counters.get(name, 0) + value
@@ -349,7 +365,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
             if "plain" not in state_of:  # the first call: plain.pt, and the deferred-work watch
                 state_of["plain"] = [o.clone() for o in outputs]
                 state_of["first_inputs"] = inputs
-                save(outputs, "plain.pt")
+                save(outputs, "plain.pt", "a")
                 info["deferred_wait"] = round(rng.uniform(*DEFERRED_WAIT), 3)
                 time.sleep(info["deferred_wait"])
                 if device.type == "cuda":
@@ -360,7 +376,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
             elif kind == "a":
                 _compare_with_first(torch, as_bits, outputs, state_of, info, number + 1, save)
             elif kind in ("fresh", "same"):
-                save(outputs, f"{kind}.pt")
+                save(outputs, f"{kind}.pt", "b")
             else:
                 save(outputs, f"scaled_{kind}.pt")
             after_call(source, inputs, threads.running)
@@ -417,6 +433,16 @@ def _init_state(torch: Any, args: dict) -> tuple[list, dict]:
         torch.manual_seed(int(args["init_seed"]))
         init_inputs = problem.get_init_inputs()
         return init_inputs, problem.Model(*init_inputs).state_dict()
+
+
+def _identical(torch: Any, outputs: list, others: list) -> bool:
+    """Whether two answers hold the same tensors, bit for bit (NaN payloads, both halves of a
+    complex number and all)."""
+    return len(outputs) == len(others) and all(
+        o.shape == t.shape and o.dtype == t.dtype
+        and torch.equal(o.reshape(-1).contiguous().view(torch.uint8),
+                        t.reshape(-1).contiguous().view(torch.uint8))
+        for o, t in zip(outputs, others))
 
 
 def _same(own: Any, copied: Any) -> bool:
