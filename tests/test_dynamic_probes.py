@@ -541,7 +541,8 @@ def test_the_float64_twin_is_kept_at_the_precision_its_checks_need():
 def test_an_answer_identical_to_the_first_for_its_inputs_is_not_written_again(monkeypatch):
     """An honest kernel's poisoned runs and its second call on inputs B give the bits it gave
     first: the job names the first file instead of writing a copy (outputs reach gigabytes),
-    and the judge reads that one; a kernel whose poisoned runs differ has them all written."""
+    and the judge reads that one, as for the plain run's calls; a kernel whose poisoned runs
+    differ has them all written."""
     from kaudit.dynamic import judge
     from tests.conftest import DYNAMIC_FIXTURES
 
@@ -558,14 +559,16 @@ def test_an_answer_identical_to_the_first_for_its_inputs_is_not_written_again(mo
     for name in ("good_pytorch_linear", "bad_empty_output"):
         kernel = DYNAMIC_FIXTURES / name / "kernel.py"
         run = audit_kernel(str(kernel), "kernel.py", kernel.read_text(), options, "cpu")
-        found[name] = (run, seen.pop())
-    run, honest = found["good_pytorch_linear"]
+        found[name] = (run, *seen)  # the candidate job's answers, then the plain run's
+        seen.clear()
+    run, honest, plain = found["good_pytorch_linear"]
     assert run.findings == []
+    assert plain.same_as == {"run1.pt": "run0.pt", "run2.pt": "run0.pt"}
     assert {f"poison{r}.pt" for r in range(4)} <= honest.same_as.keys()
     assert set(honest.same_as.values()) <= {"plain.pt", "fresh.pt", "same.pt"}
     assert len({"fresh.pt", "same.pt"} & honest.same_as.keys()) == 1
     assert not honest.written & honest.same_as.keys()
-    run, empty = found["bad_empty_output"]
+    run, empty = found["bad_empty_output"]  # rejected: no plain run
     assert [f.rule for f in run.findings] == ["KD101"]
     assert not {f"poison{r}.pt" for r in range(4)} & empty.same_as.keys()
 

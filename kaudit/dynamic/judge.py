@@ -353,11 +353,12 @@ def second_opinion(add: Adder, plain: RunResult, reference: list, watched: list,
         add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
             f"but in a plain run the kernel {plain.describe()}", **failure_metrics(plain))
         return
-    calls = sorted((n for n in plain.files() if re.fullmatch(r"run\d+\.pt", n)),
-                   key=lambda n: int(n[3:-3]))
+    answers = Answers(plain, plain.value if isinstance(plain.value, dict) else {})
+    calls = sorted((n for n in [*answers.written, *answers.same_as]
+                    if re.fullmatch(r"run\d+\.pt", n)), key=lambda n: int(n[3:-3]))
     for name in calls:
         try:
-            outputs = plain.load_tensors(name, size_limit(reference))
+            outputs = answers.load(name, size_limit(reference))
         except OutputError as exc:
             add("KD406", f"only right when watched: the plain run's outputs are unusable: {exc}")
             return

@@ -7,7 +7,7 @@ forgotten (`child` drops them from `sys.modules` before loading a file). Argumen
 (`inputs_a.pt`, `init.pt`), `kernel`, `problem` (only when `init.pt` is missing), `device`,
 `init_seed`, `calls`, `gpu_memory_fraction`, `build_dir` (where the kernel's extensions were
 built), `own_init` (ModelNew built without Model's weights copied in). Saves each call's
-outputs as `run<k>.pt`.
+outputs as `run<k>.pt`, but for a call that gave the first call's bits (named in `same_as`).
 """
 
 import importlib.util
@@ -57,6 +57,7 @@ def run(args, out_dir):
                                if k in own and getattr(own[k], "shape", None) == v.shape},
                               strict=False)
     model = model.to(device)
+    first, same_as = None, {}
     for number in range(int(args.get("calls", 3))):
         values = [v.clone().to(device) if isinstance(v, torch.Tensor) else v for v in inputs]
         with torch.no_grad():
@@ -64,7 +65,20 @@ def run(args, out_dir):
         if device.type == "cuda":
             torch.cuda.synchronize()
         items = list(result) if isinstance(result, (list, tuple)) else [result]
-        save([t.detach().cpu().clone().as_subclass(torch.Tensor) if isinstance(t, torch.Tensor)
-              else torch.tensor(float("nan")) for t in items],
-             os.path.join(out_dir, f"run{number}.pt"))
-    return {"calls": int(args.get("calls", 3))}
+        outputs = [t.detach().cpu().clone().as_subclass(torch.Tensor)
+                   if isinstance(t, torch.Tensor) else torch.tensor(float("nan")) for t in items]
+        if first is not None and _identical(torch, outputs, first):
+            same_as[f"run{number}.pt"] = "run0.pt"  # the first call's bits: not written again
+            continue
+        first = outputs if first is None else first
+        save(outputs, os.path.join(out_dir, f"run{number}.pt"))
+    return {"calls": int(args.get("calls", 3)), "same_as": same_as}
+
+
+def _identical(torch, outputs, others):
+    """Bit for bit, as the candidate job compares its answers."""
+    return len(outputs) == len(others) and all(
+        o.shape == t.shape and o.dtype == t.dtype
+        and torch.equal(o.reshape(-1).contiguous().view(torch.uint8),
+                        t.reshape(-1).contiguous().view(torch.uint8))
+        for o, t in zip(outputs, others))
