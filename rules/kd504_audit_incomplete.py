@@ -9,7 +9,11 @@ class AuditIncomplete(DynamicRule):
     Reported when a job of the kernel's audit could not write its files because the disk (or a
     quota) was full or the scan's temporary files reached its limit (`--temp-limit`), or when
     kaudit itself failed while auditing the kernel (an error writing its own temporary files, an
-    internal error). The message gives the reason. The scan goes on with
+    internal error), or when the kernel's job timed out where it compiles an extension (a
+    kernel that compiles anew for every model it builds, six times in the candidate job, may
+    not finish within `--timeout`: audit it with a longer one; a construction or import that
+    never ends without an extension in the text is KD501). The message gives the reason. The
+    scan goes on with
     the next kernel; the kernel's static findings are kept.
 
     ## Why is this bad?

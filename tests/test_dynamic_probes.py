@@ -594,3 +594,45 @@ def test_an_answer_named_as_another_must_name_a_written_file_and_replace_none():
     assert answers.load("poison1.pt", 1 << 20) == answers.load("plain.pt", 1 << 20)
     assert job.loads == ["plain.pt"], "read once"
     assert Answers(job, {"same_as": ["poison1.pt"]}).same_as == {}
+
+
+def test_a_timeout_where_the_kernel_compiles_is_not_audited_not_a_failure(tmp_path):
+    """A CUDA-L1 kernel names its extension after id(self), so each of the candidate job's six
+    models compiles it again: a timeout there is kaudit's count of constructions, not proof of
+    a hang (KD504); without an extension, a construction that never ends is the kernel's
+    (KD501)."""
+    problem = DYNAMIC_PROBLEM_FOR_TIMEOUTS
+    options = DynamicOptions(device="cpu", timeout=15, calls=(6, 6))
+    found = {}
+    for name, note in (("compiles", "# built with torch.utils.cpp_extension.load_inline"),
+                       ("hangs", "# nothing to build")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "problem.py").write_text(problem)
+        kernel = folder / "kernel.py"
+        kernel.write_text(f"{note}\nimport time\nimport torch.nn as nn\n\n\n"
+                          "class ModelNew(nn.Module):\n    def __init__(self):\n"
+                          "        super().__init__()\n        time.sleep(600)\n\n"
+                          "    def forward(self, x):\n        return x\n")
+        run = audit_kernel(str(kernel), name, kernel.read_text(), options, "cpu")
+        found[name] = [(f.rule, f.level.value) for f in run.findings], run.status
+    assert found["compiles"] == ([("KD504", "warning")], "incomplete")
+    assert found["hangs"] == ([("KD501", "error")], "failed")
+
+
+DYNAMIC_PROBLEM_FOR_TIMEOUTS = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+
+def get_init_inputs():
+    return []
+"""

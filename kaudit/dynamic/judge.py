@@ -97,6 +97,8 @@ def not_audited(add: Adder, result: RunResult, what: str) -> None:
         errno=result.errno, **failure_metrics(result))
 
 
+#: the phases of a candidate job where an extension may compile (as `describe` names them)
+COMPILING_PHASES = ("import or compile", "construction")
 #: what Triton raises when a kernel needs a GPU driver its CPU interpreter lacks (`@autotune`
 #: benchmarks its configs on the device)
 NO_TRITON_DRIVER = "0 active drivers"
@@ -128,13 +130,15 @@ class Answers:
 def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: dict,
           scaled_refs: list[dict], options: Any,
           reference_left: dict[str, list] | None = None,
-          interpreted: bool = False, reference_noise: list | None = None) -> list | None:
+          interpreted: bool = False, reference_noise: list | None = None,
+          compiles: bool = False) -> list | None:
     """The findings of the candidate job; returns its first call's outputs when it could judge
     them (for `second_opinion`). `reference_left`: None, or what the problem's own forward
     left in the input sets it modified (KD402 is then a warning, and none for an input left as
     the reference leaves it). `interpreted`: it ran under Triton's
     CPU interpreter, where a kernel that needs a GPU driver fails through no fault of its own.
-    `reference_noise`: per output, the reference's distance from its own float64 run."""
+    `reference_noise`: per output, the reference's distance from its own float64 run.
+    `compiles`: the kernel's text builds an extension (`load_inline`, `cpp_extension`)."""
     if not candidate.ok:
         run.status = "failed"
         if candidate.phase is None:  # timed out or crashed: where it was, from its phase file
@@ -162,6 +166,15 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
             candidate.phase or "", candidate.phase)
         if what and candidate.phase != what:
             candidate.phase = what  # describe() names the phase
+        if compiles and candidate.status == TIMEOUT and candidate.phase in COMPILING_PHASES:
+            # a CUDA-L1 kernel names its extension after id(self): one compile per model
+            run.status = "incomplete"
+            add("KD504", f"not audited: the kernel {candidate.describe()}, where it compiles an "
+                f"extension; the candidate job builds the model up to {sentinels.RUNS + 2} "
+                f"times (its calls, each poisoned run, its own initialisation), and an "
+                f"extension compiled anew at each construction takes as many compiles: audit "
+                f"it with a longer --timeout", **failure_metrics(candidate))
+            return
         add("KD501", f"the kernel {candidate.describe()}", **failure_metrics(candidate))
         return
     info = candidate.value if isinstance(candidate.value, dict) else {}

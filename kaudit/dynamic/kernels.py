@@ -141,6 +141,11 @@ _CU_FILE = re.compile(r"""['"][^'"\n]+\.cu['"]""")
 _TRITON = re.compile(r"^\s*(?:import\s+triton\b|from\s+triton\b)", re.MULTILINE)
 
 
+def compiles_extension(text: str) -> bool:
+    """Whether the kernel's text may compile an extension when it runs."""
+    return bool(re.search(r"\bload_inline\b|\bcpp_extension\b", text))
+
+
 def cuda_reason(text: str, triton_interpreter: bool | None = None) -> str | None:
     """Why the kernel cannot run without CUDA (decided from the text, before any compile).
     Triton kernels run on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`, set for the
@@ -506,7 +511,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                     judging = time.monotonic()
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
                                     reference_left, interpreted,
-                                    _reference_noise(reference_result, len(refs["a"])))
+                                    _reference_noise(reference_result, len(refs["a"])),
+                                    compiles_extension(text))
                     add_job_seconds("parent:judge", time.monotonic() - judging)
                 if watched is None or run.status != "ok" or rejected(run):
                     return  # the second opinion is for kernels the watched calls found right
