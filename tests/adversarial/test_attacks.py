@@ -147,6 +147,16 @@ def test_a_kernel_honest_only_when_watched_is_caught(tmp_path):
     assert codes(run) & {"KD202", "KD406"}, messages(run)
 
 
+def test_answers_a_kernel_names_as_copies_of_its_first_are_no_cover(tmp_path):
+    """The job reports answers identical to an earlier one by name (`same_as`) instead of
+    writing them: a kernel that deletes its poisoned answers and names them as its unpoisoned
+    first gains nothing over overwriting them, which it always could. Its unwritten rows are
+    then judged on that first answer, and it is rejected all the same."""
+    run = audit(pair(tmp_path / "names", "names_its_answers"))
+    assert codes(run) & {"KD101", "KD202", "KD501"}, messages(run)
+    assert any(f.level.value == "error" for f in run.findings), messages(run)
+
+
 def test_a_kernel_right_for_its_first_calls_only_is_caught(tmp_path):
     run = audit(pair(tmp_path / "counter", "counts_calls"))
     assert "KD202" in codes(run), messages(run)
