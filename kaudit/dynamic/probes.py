@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kaudit.dynamic.harness.scaling import max_abs
+
 #: outputs whose seeds differ by less than this share of max|y| are "input-independent"
 SAME_OUTPUT_RELATIVE = 1e-6
 #: float and float64 references farther apart than this (relative L2): the output is noise
@@ -92,14 +94,6 @@ def _finite(tensor: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
     """Flat finiteness mask of `tensor`, read from the narrower of it and its float64 copy
     `wide` (torch has no `isfinite` for the one-byte float8 dtypes on the CPU)."""
     return torch.isfinite(wide if tensor.element_size() == 1 else tensor.reshape(-1))
-
-
-def max_abs(values: torch.Tensor) -> float:
-    """max|values| (0 for none) in one pass, without an absolute copy."""
-    if not values.numel():
-        return 0.0
-    low, high = torch.aminmax(values)
-    return max(abs(float(low)), abs(float(high)))
 
 
 def combine(gaps: list[Gap]) -> Gap:

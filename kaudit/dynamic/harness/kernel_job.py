@@ -255,7 +255,9 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         matched = {k: v for k, v in state.items()
                    if k in own and getattr(own[k], "shape", None) == getattr(v, "shape", None)}
         if info["own_init_differs"] is None:  # before the copy: what ModelNew sets otherwise
-            info["own_init_differs"] = [k for k, v in matched.items() if not _same(own[k], v)]
+            info["own_init_differs"] = [
+                k for k, v in matched.items() if isinstance(v, torch.Tensor)
+                and not _identical(torch, [own[k].detach().cpu()], [v])]
         if matched:
             model.load_state_dict(matched, strict=False)
         return model.to(device), len(matched)
@@ -443,12 +445,6 @@ def _identical(torch: Any, outputs: list, others: list) -> bool:
         and torch.equal(o.reshape(-1).contiguous().view(torch.uint8),
                         t.reshape(-1).contiguous().view(torch.uint8))
         for o, t in zip(outputs, others))
-
-
-def _same(own: Any, copied: Any) -> bool:
-    """Whether ModelNew's own value of a state entry is Model's, bit for bit."""
-    own = own.detach().cpu()
-    return own.dtype == copied.dtype and own.equal(copied)
 
 
 def _changed(inputs: list, originals: list, torch: Any, as_bits: Any) -> bool:

@@ -33,8 +33,8 @@ def distance(truth: Any, values: Any) -> tuple[float, float]:
         diff = values[start:start + SLICE].double() - part
         error += float(diff.square().sum())
         norm += float(part.square().sum())
-        error_peak = max(error_peak, _peak(diff))
-        peak = max(peak, _peak(part))
+        error_peak = max(error_peak, max_abs(diff))
+        peak = max(peak, max_abs(part))
     if not math.isfinite(error) or not math.isfinite(error_peak):
         return math.inf, math.inf
     rel = math.sqrt(error / norm) if norm else (0.0 if error == 0 else math.inf)
@@ -42,8 +42,10 @@ def distance(truth: Any, values: Any) -> tuple[float, float]:
     return rel, ratio
 
 
-def _peak(values: Any) -> float:
-    """max |values| in one pass, without an absolute copy."""
+def max_abs(values: Any) -> float:
+    """max |values| (0 for none) in one pass, without an absolute copy."""
+    if not values.numel():
+        return 0.0
     low, high = values.aminmax()
     return max(abs(float(low)), abs(float(high)))
 
