@@ -362,6 +362,30 @@ def test_the_finding_appears_when_the_retry_alone_also_runs_out(problems_on_a_fa
     assert finding.metrics["retried_alone_on_gpu"] is True
 
 
+def test_a_problem_is_judged_while_the_next_one_runs_on_the_gpu(problems_on_a_fake_gpu,
+                                                                monkeypatch):
+    """With one job at a time, the second problem's job starts while the first is judged (on
+    the CPU): the GPU does not wait for judging."""
+    from kaudit.dynamic.tolerance import resolve
+
+    launches, real_analyse, overlapped = problems_on_a_fake_gpu["launches"], problems.analyse, []
+
+    def analyse(*args, **kwargs):
+        if not overlapped:  # the first problem judged waits for the next one's job to start
+            deadline = time.monotonic() + 60
+            while len(launches) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            overlapped.append(len(launches) >= 2)
+        return real_analyse(*args, **kwargs)
+
+    monkeypatch.setattr(problems, "analyse", analyse)
+    other = ROOT / "fixtures" / "problems" / "bad_tiny_output.py"
+    report = problems.audit_problems([str(PROBLEM), str(other)], problems.Options(
+        resolve(None, None, None), jobs=1, seeds=2, timeout=120))
+    assert overlapped == [True]
+    assert [p.status for p in report.problems] == ["ok", "ok"]
+
+
 SHORT_OF_MEMORY_IN_FLOAT64 = """
 import torch
 
@@ -469,6 +493,8 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     needs = problems.gpu_needs(files, problems.Options(PRESETS["kernelbench"], device="cuda"))
     # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters
     inputs, outputs = 2 * 64 * 128 * 4, 64 * 64 * 4
-    expected = problems.PEAK_MARGIN * (problems.PEAK_INPUTS * inputs
-                                       + problems.PEAK_OUTPUTS * outputs) / total
+    # the float64 run's inputs and outputs, or the first inputs while they are cast
+    peak = max(problems.FLOAT64_INPUTS * inputs + problems.FLOAT64_OUTPUTS * outputs,
+               problems.CAST_INPUTS * inputs)
+    expected = problems.PEAK_MARGIN * peak / total
     assert needs == {files[0]: pytest.approx(expected)}, "a problem that cannot be sized is left out"

@@ -360,3 +360,25 @@ def test_statistics_merged_over_outputs_equal_those_of_all_their_values():
     # torch has no isfinite for float8 on the CPU: read from the float64 copy
     eight = Moments.of(torch.tensor([1.0, -2.0]).to(torch.float8_e4m3fn)).stats()
     assert (eight["min"], eight["max"], eight["nonfinite"]) == (-2.0, 1.0, 0)
+
+
+def test_float64_and_scaled_runs_make_the_first_inputs_again(tmp_path):
+    """The float64 and scaled runs call `get_inputs()` again under the first seed instead of
+    keeping a copy on the device: a forward that changes its input in place does not reach them,
+    and inputs that differ when made again (drawn outside torch's generator) are said, not
+    compared."""
+    tail = "\n\ndef get_init_inputs():\n    return []\n"
+    (tmp_path / "doubles_in_place.py").write_text(
+        "import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return x.mul_(2)\n\n\ndef get_inputs():\n    return [torch.randn(64)]\n" + tail)
+    (tmp_path / "unseeded_inputs.py").write_text(
+        "import random\n\nimport torch\n\n\nclass Model(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x * 2\n\n\ndef get_inputs():\n"
+        "    return [torch.full((64,), random.random())]\n" + tail)
+    in_place, unseeded = audit([tmp_path / "doubles_in_place.py",
+                                tmp_path / "unseeded_inputs.py"]).problems
+    assert in_place.status == "ok" and "KP502" not in in_place.codes()
+    assert in_place.gap["rel_l2"] < 1e-6  # the twin saw the inputs forward saw, not doubled ones
+    assert all(scale["ran"] for scale in in_place.scales)
+    notes = [f.message for f in unseeded.findings if f.rule == "KP502"]
+    assert len(notes) == 1 and "other inputs when called again" in notes[0]

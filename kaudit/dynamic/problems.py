@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -125,11 +126,13 @@ def model_line(file: str) -> tuple[int, list[str]]:
 # -- running ---------------------------------------------------------------------------------
 
 #: a problem job's peak GPU memory in multiples of its model's parameters, its inputs and its
-#: outputs: the model and a float64 copy of it; the first inputs kept beside the current ones, and
-#: cast to float64; float64 outputs and what forward makes on the way; then room for the caching
-#: allocator. On KernelBench level 1 this asks more than an eighth of an H200 for 52 problems, of
-#: which 44 had run out of memory at an eighth.
-PEAK_PARAMS, PEAK_INPUTS, PEAK_OUTPUTS, PEAK_MARGIN = 3, 3, 4, 1.25
+#: outputs (`harness/problem_job`): the float64 model, once the native one is gone; the first
+#: inputs cast to float64 (three times their size while one is cast), float64 outputs and what
+#: forward makes on the way; then room for the caching allocator. The native runs before it
+#: hold less. Before the first inputs were made again for the float64 run instead of kept on
+#: the device, and the native model freed first, this was 3 P + 3 I + 4 O: on KernelBench level
+#: 1 the share asked first was then 0.93 of the most the job held (median).
+FLOAT64_PARAMS, FLOAT64_INPUTS, CAST_INPUTS, FLOAT64_OUTPUTS, PEAK_MARGIN = 2, 2, 3, 4, 1.25
 
 
 def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str, float]:
@@ -146,7 +149,9 @@ def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str
         if size is None:
             continue
         outputs = size.outputs if size.outputs is not None else size.inputs
-        peak = PEAK_PARAMS * size.params + PEAK_INPUTS * size.inputs + PEAK_OUTPUTS * outputs
+        peak = FLOAT64_PARAMS * size.params + max(CAST_INPUTS * size.inputs,
+                                                  FLOAT64_INPUTS * size.inputs
+                                                  + FLOAT64_OUTPUTS * outputs)
         needs[path] = PEAK_MARGIN * peak / memory.total
     return needs
 
@@ -184,6 +189,10 @@ def audit_problems(paths: Iterable[str], options: Options,
     slots = GpuSlots(options.jobs) if device == "cuda" else None
     budget = scratch.start_budget(options.temp_limit)
     needs = gpu_needs(files, options) if slots and len(files) > 1 else {}
+    # `jobs` problems run at once; on a GPU as many more are judged meanwhile (on its host's
+    # CPU), instead of keeping the GPU waiting for the judging of the one before (a second each)
+    turns = threading.Semaphore(max(1, options.jobs))
+    workers = options.jobs * (2 if slots else 1)
 
     def one(file: str | BenchmarkProblem) -> ProblemResult:
         if not isinstance(file, BenchmarkProblem):
@@ -221,14 +230,15 @@ def audit_problems(paths: Iterable[str], options: Options,
         end_column = len(lines[line - 1]) + 1 if 0 < line <= len(lines) else 1
         started = time.monotonic()
         try:
-            with job_seconds() as runs, claimed(file) as gpu, \
-                    run_job(Job(JOB_TARGET, {
+            with job_seconds() as runs, contextlib.ExitStack() as judging:
+                with turns, claimed(file) as gpu:  # the turn ends with the job, not its judging
+                    result = judging.enter_context(run_job(Job(JOB_TARGET, {
                         "path": os.path.abspath(file), "device": device,
                         "seeds": options.seed_values(), "init_seed": options.init_seed,
                         "scales": list(options.scales), "max_elements": options.max_elements},
                         timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
                         cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),),
-                        gpu=gpu)) as result:
+                        gpu=gpu)))
                 judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
                 problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)
@@ -250,13 +260,13 @@ def audit_problems(paths: Iterable[str], options: Options,
         return problem
 
     total = len(files)
-    if options.jobs <= 1 or total <= 1:
+    if workers <= 1 or total <= 1:
         for done, file in enumerate(files, start=1):
             report.problems.append(one(file))
             if on_problem:
                 on_problem(done, total, report.problems[-1])
     else:
-        with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             # the largest first, so that none of them starts last and runs alone at the end; the
             # report keeps the order of the files
             largest_first = sorted(range(total), key=lambda i: -needs.get(_key(files[i]), 0.0))

@@ -3,9 +3,11 @@
 Runs only inside a job (`child`, never in the parent process). For a problem file it:
 imports the file, builds `Model(*get_init_inputs())` under the init seed, moves it to the device,
 and for each seed calls `get_inputs()` under that seed and runs `forward` (under `no_grad`, the
-model left in the mode its constructor chose, as the harness does); for the first seed it also
-runs a float64 copy of the model on the same inputs (cast to float64), and the first seed's inputs
-scaled by each factor in `scales`, in the native dtype and in float64.
+model left in the mode its constructor chose, as the harness does); then the first seed's inputs
+scaled by each factor in `scales`; then, the native model freed, a float64 copy of the model
+(kept on the host until then) on the first seed's inputs, unscaled and scaled, cast to float64.
+The first seed's inputs are made again for each of these runs (checked against their digest):
+a copy kept on the device held a set of inputs, up to 6 GiB on level 1, all along.
 
 Every output component is saved with `torch.save` as two CPU tensors, `[values, extremes]`:
 - outputs of at most `max_elements` elements: the whole tensor, and an empty `extremes`;
@@ -45,6 +47,11 @@ DIGEST_BYTES = 1 << 22
 
 class ProblemFormatError(Exception):
     """The file is not a KernelBench problem (a required name is missing or of the wrong kind)."""
+
+
+class InputsNotReproducible(Exception):
+    """get_inputs() under a seed made other inputs than the first time (the float64 and scaled
+    runs make the first seed's inputs again)."""
 
 
 class OutputTypeError(Exception):
@@ -98,16 +105,15 @@ def run_problem(args: dict, out_dir: str) -> dict:
         torch.manual_seed(int(args.get("init_seed", 42)))
         init_inputs = module.get_init_inputs()
         model = module.Model(*init_inputs)
+        # on the host until the float64 runs, which come after the native model's last call
         reference64, fp64_error = float64_copy(model, torch) if args.get("fp64", True) \
             else (None, "float64 run disabled")
         manifest["fp64_error"] = fp64_error
         model = model.to(device)
-        if reference64 is not None:
-            reference64 = reference64.to(device)
         _synchronize(torch, device)
 
-    first_inputs = None
-    for seed in args["seeds"]:
+    seeds = args["seeds"]
+    for seed in seeds:
         record: dict[str, Any] = {"seed": seed, "native": None, "fp64": None}
         step("inputs")
         with phase("inputs"):
@@ -116,46 +122,40 @@ def run_problem(args: dict, out_dir: str) -> dict:
         step("forward")
         on_device = to_device(inputs, device, None, torch)
         del inputs
-        if first_inputs is None:  # kept on the device for the float64 and scaled runs, and
-            # copied, in case forward changes its inputs in place
-            first_inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in on_device]
-            first_seed = True
-        else:
-            first_seed = False
         with phase("forward"):
             torch.manual_seed(seed)
             outputs, kind = _forward(model, on_device, device, torch)
         manifest["output_kind"] = kind
+        del on_device
         step("save")
         record["native"] = saver.save(outputs, f"seed{seed}.pt")
         del outputs
         manifest["seeds"].append(record)
-        del on_device
-        if first_seed:
-            if reference64 is not None:
-                step("fp64")
-                try:
-                    torch.manual_seed(seed)
-                    outputs, _ = _forward(reference64,
-                                          to_device(first_inputs, device, torch.float64, torch),
-                                          device, torch)
-                    record["fp64"] = saver.save(outputs, f"seed{seed}_fp64.pt")
-                    del outputs
-                except Exception as exc:  # noqa: BLE001 - float64 is optional
-                    manifest["fp64_error"] = optional_step_failed(exc)
-                    reference64 = None
-                    _free(torch, device)
         step("seed-done")
 
-    for scale in args.get("scales", []):
-        if scale == 1:
-            continue
+    def first_inputs(scale: float, dtype: Any) -> list:
+        """The first seed's inputs made again (kept, they would hold the device all along, and
+        forward may have changed them), scaled, then cast, one tensor at a time."""
+        values = make_inputs(module, seeds[0], device, torch)
+        if _digest(values, torch) != manifest["seeds"][0]["inputs"]:
+            raise InputsNotReproducible(
+                "get_inputs() made other inputs when called again under the same seed")
+        for index in range(len(values)):  # each value replaced, so that one is freed at once
+            value, values[index] = values[index], None
+            if scale != 1:
+                value = scale_input(value, scale, torch)
+            values[index] = to_device([value], device, dtype, torch)[0]
+            del value
+        return values
+
+    scales = [scale for scale in args.get("scales", []) if scale != 1]
+    for scale in scales:
         record = {"scale": scale, "native": None, "fp64": None, "error": None, "fp64_error": None}
         manifest["scales"].append(record)
         step("scale")
         try:
-            torch.manual_seed(args["seeds"][0])
-            scaled = [scale_input(value, scale, torch) for value in first_inputs or []]
+            scaled = first_inputs(scale, None)
+            torch.manual_seed(seeds[0])
             outputs, _ = _forward(model, scaled, device, torch)
             del scaled
             record["native"] = saver.save(outputs, f"scale{scale:g}.pt")
@@ -163,20 +163,35 @@ def run_problem(args: dict, out_dir: str) -> dict:
         except Exception as exc:  # noqa: BLE001
             record["error"] = optional_step_failed(exc)
             _free(torch, device)
-        if reference64 is not None and record["native"]:
-            step("scale-fp64")
-            try:
-                torch.manual_seed(args["seeds"][0])
-                scaled = to_device([scale_input(value, scale, torch) for value in first_inputs or []],
-                                    device, torch.float64, torch)
-                outputs, _ = _forward(reference64, scaled, device, torch)
-                del scaled
-                record["fp64"] = saver.save(outputs, f"scale{scale:g}_fp64.pt")
-                del outputs
-            except Exception as exc:  # noqa: BLE001
+
+    # the float64 runs last, the native model gone: the device holds one model at a time
+    del model
+    _free(torch, device)
+    runs64 = [(1, manifest["seeds"][0], f"seed{seeds[0]}_fp64.pt", "fp64")] + [
+        (record["scale"], record, f"scale{record['scale']:g}_fp64.pt", "scale-fp64")
+        for record in manifest["scales"] if record["native"]]
+    for index, (scale, record, name, step_name) in enumerate(runs64):
+        if reference64 is None:
+            break
+        step(step_name)
+        try:
+            if index == 0:
+                reference64 = reference64.to(device)
+            scaled = first_inputs(scale, torch.float64)
+            torch.manual_seed(seeds[0])
+            outputs, _ = _forward(reference64, scaled, device, torch)
+            del scaled
+            record["fp64"] = saver.save(outputs, name)
+            del outputs
+        except Exception as exc:  # noqa: BLE001 - float64 is optional
+            if index == 0:  # no float64 reference at all
+                manifest["fp64_error"] = optional_step_failed(exc)
+                reference64 = None
+            else:
                 record["fp64_error"] = optional_step_failed(exc)
-                _free(torch, device)
-        elif reference64 is None:
+            _free(torch, device)
+    for record in manifest["scales"]:
+        if reference64 is None and record["native"]:
             record["fp64_error"] = manifest["fp64_error"] or "no float64 reference"
     manifest["complete"] = True
     step("done")
@@ -306,7 +321,8 @@ def make_inputs(module: Any, seed: int, device: Any, torch: Any) -> list:
 
 
 def _digest(values: list, torch: Any) -> str:
-    """Tells whether `get_inputs()` gives different inputs for different seeds."""
+    """Tells whether `get_inputs()` gives different inputs for different seeds, and the same
+    inputs under the same seed."""
     digest = hashlib.sha256()
     for value in values:
         if isinstance(value, torch.Tensor):
@@ -314,10 +330,19 @@ def _digest(values: list, torch: Any) -> str:
             data = value.detach().flatten()[:DIGEST_BYTES].cpu().contiguous()
             digest.update(f"{tuple(value.shape)}{value.dtype}".encode())
             raw = data.view(torch.uint8) if data.numel() else data
-            digest.update(bytes(raw[:DIGEST_BYTES].tolist()) if data.numel() else b"")  # no numpy needed
+            digest.update(_bytes(raw[:DIGEST_BYTES]) if data.numel() else b"")
         else:
             digest.update(repr(value).encode())
     return digest.hexdigest()[:16]
+
+
+def _bytes(raw: Any) -> bytes:
+    """A uint8 tensor's bytes: through NumPy where there is one (`tolist` took a second for
+    4 MiB, the time of making the inputs of KernelBench level 1)."""
+    try:
+        return raw.numpy().tobytes()
+    except (ImportError, RuntimeError):  # torch without NumPy
+        return bytes(raw.tolist())
 
 
 def _describe(exc: BaseException) -> str:
