@@ -62,6 +62,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import model_state
 from .child import import_file
 from .child import phase as _phase
 
@@ -252,14 +253,12 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         torch.manual_seed(init_seed)
         model = kernel.ModelNew(*init_inputs)
         own = model.state_dict()
-        matched = {k: v for k, v in state.items()
-                   if k in own and getattr(own[k], "shape", None) == getattr(v, "shape", None)}
+        matched = model_state.matching(torch, state, own)
         if info["own_init_differs"] is None:  # before the copy: what ModelNew sets otherwise
             info["own_init_differs"] = [
                 k for k, v in matched.items() if isinstance(v, torch.Tensor)
                 and not _identical(torch, [own[k].detach().cpu()], [v])]
-        if matched:
-            model.load_state_dict(matched, strict=False)
+        model_state.copy_into(torch, model, matched)
         return model.to(device), len(matched)
 
     def own_initialisation() -> None:

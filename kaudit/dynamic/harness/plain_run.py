@@ -49,14 +49,11 @@ def run(args, out_dir):
         init_inputs = problem.get_init_inputs()
         state = problem.Model(*init_inputs).state_dict()
     kernel = _load("kernel", args["kernel"])
-    torch.manual_seed(int(args["init_seed"]))
-    model = kernel.ModelNew(*init_inputs)
-    own = model.state_dict()
-    if not args.get("own_init"):  # else nothing copied: the judge found it right only so
-        model.load_state_dict({k: v for k, v in state.items()
-                               if k in own and getattr(own[k], "shape", None) == v.shape},
-                              strict=False)
-    model = model.to(device)
+    model_state = _load("model_state", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                    "model_state.py"))
+    # own_init: nothing copied, the judge found it right only so
+    model = model_state.build(torch, kernel.ModelNew, init_inputs,
+                              {} if args.get("own_init") else state, int(args["init_seed"]), device)
     first, same_as = None, {}
     for number in range(int(args.get("calls", 3))):
         values = [v.clone().to(device) if isinstance(v, torch.Tensor) else v for v in inputs]

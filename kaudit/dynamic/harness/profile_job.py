@@ -54,14 +54,9 @@ def _load(name, path):
     return module
 
 
-def _build(torch, cls, init_inputs, state, seed, device):
-    torch.manual_seed(seed)
-    model = cls(*init_inputs)
-    own = model.state_dict()
-    model.load_state_dict({k: v for k, v in state.items()
-                           if k in own and getattr(own[k], "shape", None) == v.shape},
-                          strict=False)
-    return model.to(device)
+#: loaded by path from beside this file (its package is forgotten in a file job)
+model_state = _load("model_state", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                "model_state.py"))
 
 
 def _int(value, default=None):
@@ -233,10 +228,10 @@ def run(args, out_dir):
     sessions = {}
     for name in ("reference", "candidate"):
         if name == "reference":
-            model = _build(torch, problem.Model, init_inputs, state, seed, device)
+            model = model_state.build(torch, problem.Model, init_inputs, state, seed, device)
         else:
             # own_init: built as KernelBench builds it, the way the judge found it right
-            model = _build(torch, _load("kernel", args["kernel"]).ModelNew, init_inputs,
+            model = model_state.build(torch, _load("kernel", args["kernel"]).ModelNew, init_inputs,
                            {} if args.get("own_init") else state, seed, device)
         with torch.no_grad():
             for _ in range(warmup):

@@ -49,14 +49,9 @@ def _load(name, path):
     return module
 
 
-def _build(torch, cls, init_inputs, state, seed, device):
-    torch.manual_seed(seed)
-    model = cls(*init_inputs)
-    own = model.state_dict()
-    model.load_state_dict({k: v for k, v in state.items()
-                           if k in own and getattr(own[k], "shape", None) == v.shape},
-                          strict=False)
-    return model.to(device)
+#: loaded by path from beside this file (its package is forgotten in a file job)
+model_state = _load("model_state", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                "model_state.py"))
 
 
 class _Clock:
@@ -212,7 +207,7 @@ def run(args, out_dir):
         torch.manual_seed(seed)
         init_inputs = problem.get_init_inputs()
         state = problem.Model(*init_inputs).state_dict()
-    reference = _build(torch, problem.Model, init_inputs, state, seed, device)
+    reference = model_state.build(torch, problem.Model, init_inputs, state, seed, device)
     clock = _Clock(torch, device, mark)
     method = args.get("method", "robust")
     if device.type == "cuda":
@@ -233,7 +228,7 @@ def run(args, out_dir):
         info["reference_before"] = [wall if event is None else event for event, wall in before]
     candidate_class = _load("kernel", args["kernel"]).ModelNew
     # own_init: built as KernelBench builds it, the way the judge found it right
-    candidate = _build(torch, candidate_class, init_inputs,
+    candidate = model_state.build(torch, candidate_class, init_inputs,
                        {} if args.get("own_init") else state, seed, device)
     if method == "kernelbench":
         info.update(_kernelbench(clock, torch, reference, candidate, pool[0], warmup,
