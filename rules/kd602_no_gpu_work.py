@@ -11,7 +11,10 @@ class NoGpuWork(DynamicRule):
     calls, and the same for the reference problem. Reported when the reference launches kernels and
     the candidate none: its answer was copied into place (a `memcpy` is not a kernel), computed on
     the host, cached, or left to another thread. The message gives both counts and the copies the
-    candidate made.
+    candidate made. A warning, not an error, when the reference gave the same answer, bit for
+    bit, for both input sets: a problem whose answer does not depend on its inputs (CUDA-L1
+    level 2 task 83 clamps `min(x, 0)` to [0, 1]: all zeros) is answered rightly without work,
+    and the problem is at fault (`kaudit problems`, KP103).
 
     ## Why is this bad?
     A GPU benchmark times the kernels forward launches. A forward that launches none did its work

@@ -92,13 +92,14 @@ def profile(candidate: Trace, reference: Trace | None = None) -> dict:
             "reference": reference.build(), "candidate": candidate.build()}
 
 
-def findings(record: dict, own: OwnKernels = OWN, policy: str = "kernelbench"):
+def findings(record: dict, own: OwnKernels = OWN, policy: str = "kernelbench",
+             same_answer: bool = False):
     found, metrics = [], {}
 
     def add(code, message, *, level=None, **facts):
         found.append((code, level, message, facts))
 
-    judge_profile(add, record, own, policy, metrics)
+    judge_profile(add, record, own, policy, metrics, same_answer)
     return found, metrics
 
 
@@ -233,6 +234,25 @@ def test_no_kernel_at_all_is_kd602():
     ((code, level, message, facts),), _ = findings(profile(trace))
     assert code == "KD602" and level is None  # the rule's level: an error
     assert facts["copies"] == 1 and "copied or filled memory" in message
+
+
+def test_no_kernel_is_a_warning_when_the_reference_gives_one_answer_for_all_inputs():
+    """CUDA-L1 level 2 task 83: min(x, 0) clamped to [0, 1] is all zeros, and the kernel returns
+    a zero buffer it made in __init__: right for that problem, the problem is at fault."""
+    trace = Trace().call(0, lambda t: None)
+    ((code, level, message, facts),), _ = findings(profile(trace), same_answer=True)
+    assert (code, level) == ("KD602", Level.WARNING) and facts["same_answer"] is True
+    assert "same answer, bit for bit, for both input sets" in message
+
+
+def test_a_reference_that_gives_one_answer_for_two_input_sets_is_told_bit_for_bit():
+    from kaudit.dynamic.kernels import _same_answer
+
+    zeros = [torch.zeros(4, 3)]
+    assert _same_answer(zeros, [torch.zeros(4, 3)])
+    assert not _same_answer(zeros, [torch.zeros(4, 3, dtype=torch.float64)])
+    assert not _same_answer(zeros, [torch.zeros(4, 3).index_fill_(0, torch.tensor([1]), 1e-30)])
+    assert not _same_answer(zeros, zeros + [torch.zeros(1)])
 
 
 def test_no_kernel_is_fine_when_the_reference_launches_none_either():

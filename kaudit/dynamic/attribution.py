@@ -263,9 +263,12 @@ def library_share(add: Adder, candidate: Session, own: OwnKernels, policy: str,
             f"kernelbench allows)", level=Level.NOTE, **facts)
 
 
-def no_gpu_work(add: Adder, candidate: Session, reference: Session) -> None:
+def no_gpu_work(add: Adder, candidate: Session, reference: Session,
+                same_answer: bool = False) -> None:
     """KD602: no kernel launched during forward (from any thread) in any profiled call, while
-    the reference's forward launched some."""
+    the reference's forward launched some; a warning when the reference gave the same answer
+    for inputs A and B (a problem whose answer does not depend on its inputs: CUDA-L1 level 2
+    task 83 clamps min(x, 0) to [0, 1], all zeros, and a kernel returning zeros is right)."""
     threads = sum(launch.kind == "kernel" for launches in candidate.other_threads.values()
                   for launch in launches)
     if not candidate.calls or candidate.kernels() or threads or not reference.kernels():
@@ -275,8 +278,13 @@ def no_gpu_work(add: Adder, candidate: Session, reference: Session) -> None:
         f"kernel, while the reference problem's forward launched "
         f"{len(reference.kernels())} in {len(reference.calls)} calls"
         + (f"; forward only copied or filled memory ({len(copies)} times)" if copies else "")
-        + ": the answer was cached, computed on the host, or left to another thread",
-        kernels=0, reference_kernels=len(reference.kernels()), copies=len(copies))
+        + ": the answer was cached, computed on the host, or left to another thread"
+        + ("; but the reference gave the same answer, bit for bit, for both input sets: if the "
+           "problem's answer does not depend on its inputs, a kernel that returns it without "
+           "work is right, and the problem is what is wrong (`kaudit problems`: KP103)"
+           if same_answer else ""),
+        level=Level.WARNING if same_answer else None, kernels=0,
+        reference_kernels=len(reference.kernels()), copies=len(copies), same_answer=same_answer)
 
 
 def unjoined_streams(candidate: Session) -> list[dict[str, Any]]:
@@ -367,8 +375,9 @@ def side_stream(add: Adder, candidate: Session) -> None:
 
 
 def judge_profile(add: Adder, record: dict, own: OwnKernels, policy: str,
-                  metrics: dict[str, Any]) -> None:
-    """KD602, KD601 and KD403 from a profiled run's record."""
+                  metrics: dict[str, Any], same_answer: bool = False) -> None:
+    """KD602, KD601 and KD403 from a profiled run's record; `same_answer`: the reference's
+    answers for inputs A and B are equal (KD602 is then a warning)."""
     reference = Session.read(record.get("reference") or {}, OwnKernels())
     candidate = Session.read(record.get("candidate") or {}, own, bool(record.get("sync_events")))
     metrics["profile"] = {"calls": len(candidate.calls), "kernels": len(candidate.kernels()),
@@ -378,6 +387,6 @@ def judge_profile(add: Adder, record: dict, own: OwnKernels, policy: str,
     if not candidate.calls:
         metrics["profile"]["error"] = "no profiled call of forward in the trace"
         return
-    no_gpu_work(add, candidate, reference)
+    no_gpu_work(add, candidate, reference, same_answer)
     library_share(add, candidate, own, policy, metrics)
     side_stream(add, candidate)

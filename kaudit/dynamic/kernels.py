@@ -540,9 +540,19 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                     attribute(add, run.metrics, profile_job(
                         common, kernel, build, env=env, inputs=shared, visible=visible,
                         writable=(build,), **limits),
-                        OwnKernels.of_source(file, text), options.policy)
+                        OwnKernels.of_source(file, text), options.policy,
+                        same_answer=_same_answer(refs["a"], refs["b"]))
         finally:
             scratch.remove(shared.folder)
+
+
+def _same_answer(first: list, second: list) -> bool:
+    """The reference's answers for two input sets are equal, bit for bit."""
+    import torch  # the dynamic path only
+
+    return len(first) == len(second) and all(
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+        and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(first, second))
 
 
 class LazyInputs(Mapping[str, list]):

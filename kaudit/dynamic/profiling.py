@@ -27,8 +27,9 @@ def profile_job(common: dict, kernel: str, build: str, **job: Any) -> Job:
     return Job(PROFILE_TARGET, args, **job)
 
 
-def attribute(add: Adder, run_metrics: dict, job: Job, own: OwnKernels, policy: str) -> None:
-    """Run the profiled job and judge its record."""
+def attribute(add: Adder, run_metrics: dict, job: Job, own: OwnKernels, policy: str,
+              same_answer: bool = False) -> None:
+    """Run the profiled job and judge its record (`same_answer`: see `judge_profile`)."""
     with run_job(job) as result:
         if not result.ok:
             run_metrics["profile_error"] = result.describe()
@@ -50,6 +51,6 @@ def attribute(add: Adder, run_metrics: dict, job: Job, own: OwnKernels, policy: 
             run_metrics["profile_error"] = f"unusable profile: {exc}"
             return
     try:
-        judge_profile(add, record, own, policy, run_metrics)
+        judge_profile(add, record, own, policy, run_metrics, same_answer)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         run_metrics["profile_error"] = f"unusable profile: {type(exc).__name__}: {exc}"
