@@ -17,7 +17,9 @@ see (an ATen operator's own outputs, tensors made on any thread or stream), as l
 cached memory; memory the allocator newly obtains from `cudaMalloc` is not filled.
 
 Threads: while a mode is active (and only then), `threading.Thread.start` is wrapped so that a
-thread started then runs under a mode of the same run (dispatch modes are thread-local).
+thread started then runs under a mode of the same run (dispatch modes are thread-local), and
+torch.jit's tracing runs with the modes off (under a dispatch mode it records outputs as
+constants).
 
 Covered by the mode: allocations through the PyTorch dispatcher on the thread that runs construction and
 forward and on Python threads they start: `torch.empty*` from Python, `at::empty*` /
@@ -32,12 +34,13 @@ unseen.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import sentinels
 
@@ -160,6 +163,8 @@ class _PoisonMode(TorchDispatchMode):
     def __enter__(self):
         if not _active:
             threading.Thread.start = _start  # type: ignore[method-assign]
+            for owner, name, original in _TRACING:
+                setattr(owner, name, _untraced(original))
         _active.append(self.poisoner)
         return super().__enter__()
 
@@ -167,6 +172,8 @@ class _PoisonMode(TorchDispatchMode):
         _active.remove(self.poisoner)
         if not _active:
             threading.Thread.start = _original_start  # type: ignore[method-assign]
+            for owner, name, original in _TRACING:
+                setattr(owner, name, original)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -228,6 +235,24 @@ def _start(thread: threading.Thread) -> None:
         thread.run = run_poisoned  # type: ignore[method-assign]
     _original_start(thread)
 
+
+def _untraced(original: Any) -> Any:
+    """`original` (torch.jit's tracing) run with the dispatch modes off: under any Python
+    dispatch mode the tracer records forward's outputs as constants, and a kernel that traces
+    itself at its first call (CUDA-L1 level 2 task 54: `torch.jit.trace`, then
+    `optimize_for_inference`) returned that call's answer for ever after (a false KD401). The
+    tracing call's own allocations go unpoisoned."""
+    @functools.wraps(original)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return original(*args, **kwargs)
+    return traced
+
+
+#: torch.jit's tracing, replaced while a mode is active (`trace` reaches `trace_module` through
+#: its module, so a `trace` imported before is covered for modules too)
+_TRACING = [(owner, name, getattr(owner, name)) for owner in (torch.jit, torch.jit._trace)
+            for name in ("trace", "trace_module") if hasattr(owner, name)]
 
 # it reads as the original to a look at its names (`is` tells them apart: the tamper check does)
 _start.__module__, _start.__qualname__, _start.__name__ = "threading", "Thread.start", "start"
