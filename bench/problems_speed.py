@@ -89,6 +89,13 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                                             for line in lines), 1)
                             for kind in sorted({k for line in lines
                                                 for k in line.get("job_seconds") or {}})},
+            # each problem in the order it ended: which ones hold the run up, and on what
+            "each": [{"problem": Path(line["path"]).name, "seconds": line.get("seconds"),
+                      "gpu_wait_s": line.get("gpu_wait_s"), "gpu_need": line.get("gpu_need"),
+                      "gpu_peak_gib": round(line["gpu_peak_bytes"] / (1 << 30), 2)
+                      if line.get("gpu_peak_bytes") else None,
+                      "retried_alone": bool(line.get("retried_alone_on_gpu")),
+                      "job_seconds": line.get("job_seconds")} for line in lines],
             # why a problem did not run, or ran in part: what the next run has to fix
             "not_ok": [{"problem": Path(line["path"]).name, "status": line.get("status"),
                         "seconds": line.get("seconds"),
