@@ -415,6 +415,13 @@ def test_timeout_and_compile_error_are_kd501(tmp_path):
     assert finding.rule == "KD501" and "import or compile" in finding.message, finding.message
 
 
+def test_a_kernel_that_raises_is_kd501_with_where_it_raised(fixture_runs):
+    (finding,) = [f for f in fixture_runs["bad_raises"].findings if f.rule == "KD501"]
+    tail = finding.metrics["traceback_tail"]
+    assert "in forward" in tail and "raise ValueError" in tail, tail
+    assert tail.rstrip().endswith("columns must be a multiple of 128, got 64"), tail
+
+
 def test_a_miss_against_a_reference_that_is_rounding_noise_is_a_warning(fixture_runs):
     """A CUDA-L1 reference (GroupNorm, then a mean) is zero in exact arithmetic: its float32
     output is noise, and kaudit rejected a kernel (KD201 error) for noise of its own. The

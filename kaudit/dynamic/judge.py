@@ -67,9 +67,16 @@ class Adder:
         self.run.findings.append(dataclasses.replace(finding, pass_="dynamic"))
 
 
+#: characters of a failed job's traceback kept in its finding (the innermost frames)
+TRACEBACK_TAIL = 2000
+
+
 def failure_metrics(result: RunResult) -> dict[str, Any]:
+    """A failed job's facts for its finding; `traceback_tail`: where the exception came from (the
+    job reports it, so it is evidence to read, never a basis for a decision)."""
     return {"status": result.status, "phase": result.phase, "error_type": result.error_type or None,
             "stderr_tail": result.stderr_tail[-1500:] or None,
+            "traceback_tail": result.traceback[-TRACEBACK_TAIL:] or None,
             "retried_alone_on_gpu": result.retried_alone or None}
 
 
