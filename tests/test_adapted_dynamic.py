@@ -95,6 +95,10 @@ def test_cuda_l1_records_run_from_their_ref_code(runs):
     assert honest.metrics["tolerance"] == "kernelbench-v0"
     mutating = runs["dynamic/cuda-l1/optimized_cuda_code/cpu_toy.json#L12/custom_code"]
     assert [f.rule for f in mutating.findings] == ["KD402"]
+    # BatchNorm folded with its running statistics: right in eval mode, where CUDA-L1's check
+    # calls both models (in KernelBench's training mode it is KD202)
+    folded = runs["dynamic/cuda-l1/optimized_cuda_code/cpu_toy.json#L18/custom_code"]
+    assert (folded.status, findings(folded)) == ("ok", []), folded.findings
 
 
 def test_fastkernels_candidate_runs_on_its_smallest_captured_case(runs):

@@ -14,7 +14,11 @@ copy of the code it wraps (the candidate's job sees only its own folder and the 
   `kernel_function`), called with the arguments of its test's (below the separator) call with
   the most input elements: the test runs once with the function wrapped by a recorder (a test's
   first cases are often fixed tensors of a few elements, the same for every seed);
-- CUDA-L1: the record's `ref_code` and `custom_code` as they are (KernelBench's shape).
+- CUDA-L1: the record's `ref_code` and `custom_code` as they are (KernelBench's shape), each
+  class built in eval mode, as CUDA-L1's check (`eval/eval_cuda.py`) calls `.eval()` on both
+  models before calling them: a kernel that folds BatchNorm with its running statistics is right
+  there and wrong in training mode, where KernelBench's check leaves the models (level 3 has a
+  dozen such kernels).
 
 Where the KernelBenchX checkout has the task's timing template (`metrics/golden_metrics/
 <stem>_perf.py`), both wrappers carry it (`perf.py`) and the problem can be rebound to one of the
@@ -51,6 +55,21 @@ from kaudit.dynamic.shapes import TIMED_MARKER
 WRAPPED = ("atrex", "kernelbenchx", "cuda-l1", "fastkernels")
 
 # -- the wrappers' text (loaded by the jobs, without kaudit) -----------------------------------
+
+#: appended to a CUDA-L1 record's code for its class `name` (lines before it keep their numbers)
+_CUDA_L1_EVAL_MODE = '''
+
+
+_{name}_as_written = {name}
+
+
+class {name}(_{name}_as_written):
+    """Built in eval mode: CUDA-L1's check calls .eval() on both models before calling them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.eval()
+'''
 
 _COMMON = '''import importlib.util
 import json
@@ -392,7 +411,7 @@ def prepare(item: WorkItem, text: str, folder: Path) -> Prepared | str:
     kernel_dir = folder / "kernel"
     kernel_dir.mkdir()
     if spec.benchmark == "cuda-l1":
-        _write(kernel_dir, "kernel", text)
+        _write(kernel_dir, "kernel", in_eval_mode(text, "ModelNew"))
     elif spec.benchmark == "fastkernels":
         fastkernels.write_kernel(spec, item.file, text, _COMMON, kernel_dir)
     elif spec.benchmark == "atrex":
@@ -419,7 +438,7 @@ def write_problem(spec: ProblemSpec, names: tuple[str, ...], folder: Path) -> Pa
         return f"the reference {spec.reference.path} cannot be read"
     folder.mkdir()
     if spec.benchmark == "cuda-l1":
-        _write(folder, "problem", reference)
+        _write(folder, "problem", in_eval_mode(reference, "Model"))
     elif spec.benchmark == "atrex":
         inputs = _text(spec.inputs_code) if spec.inputs_code else None
         if inputs is None:
@@ -510,6 +529,17 @@ def input_names(source: str, function: str) -> list[str]:
                                     for k in keys):
                         return [k.value for k in keys]
     return []
+
+
+def in_eval_mode(text: str, name: str) -> str:
+    """A CUDA-L1 record's code with its class `name` built in eval mode (as it is, when it
+    defines no such class at module level)."""
+    try:
+        defined = any(isinstance(node, ast.ClassDef) and node.name == name
+                      for node in ast.parse(text).body)
+    except (SyntaxError, ValueError):
+        defined = False
+    return text + _CUDA_L1_EVAL_MODE.format(name=name) if defined else text
 
 
 def _write(folder: Path, name: str, text: str) -> None:
