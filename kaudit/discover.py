@@ -51,6 +51,12 @@ class Discovery:
     #: other `.json` files met on the way: other benchmarks' claims and kernels
     #: (`kaudit.adapters` decides which are theirs)
     documents: list[str] = field(default_factory=list)
+    #: folders named to scan that hold no kernel file but `.json` files, with those files: an
+    #: error unless an adapter finds kernels in them (a CUDA-L1 release's `optimized_cuda_code/`)
+    bare_folders: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+NO_KERNEL_FILES = "no kernel files (.py, .jsonl) found in this folder"
 
 
 def display_path(path: str) -> str:
@@ -85,9 +91,12 @@ def discover(paths: list[str]) -> Discovery:
 
     for path in paths:
         if os.path.isdir(path):
+            known = len(found.documents)
             if not _walk(path, add, found):
-                found.errors.append(ScanError(display_path(path),
-                                              "no kernel files (.py, .jsonl) found in this folder"))
+                if found.documents[known:]:
+                    found.bare_folders.append((display_path(path), found.documents[known:]))
+                else:
+                    found.errors.append(ScanError(display_path(path), NO_KERNEL_FILES))
         else:
             add(path, explicit=True)
     return found

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from kaudit import __version__
-from tests.conftest import RULE_FIXTURES
+from tests.conftest import FIXTURES, RULE_FIXTURES
 
 FALLBACK = ("import torch\nimport torch.nn.functional as F\n\n\nclass ModelNew(torch.nn.Module):\n"
             "    def forward(self, x):\n        return F.softmax(x, dim=-1)\n")
@@ -144,6 +145,22 @@ def test_bad_input_is_reported_and_the_scan_goes_on(in_tmp):
     assert "symlink loop" in messages and "no kernel files" in messages
     assert not any(e["internal"] for e in data["errors"])
     assert code == 1
+
+
+def test_a_folder_of_json_files_is_empty_only_when_no_benchmark_takes_them(in_tmp):
+    """A CUDA-L1 release's `optimized_cuda_code/` holds `.json` files only: its kernels are
+    scanned and no "no kernel files" error is given; a folder of other `.json` files keeps it."""
+    release = in_tmp / "optimized_cuda_code"
+    release.mkdir()
+    shutil.copyfile(FIXTURES / "benchmarks" / "cuda-l1" / "optimized_cuda_code" / "toy_gpu.json",
+                    release / "toy_gpu.json")
+    (in_tmp / "settings").mkdir()
+    (in_tmp / "settings" / "config.json").write_text('{"a": 1}')
+    _code, data = scan_json("optimized_cuda_code", "settings")
+    assert {f["path"].split("#")[0] for f in data["findings"]} == {
+        "optimized_cuda_code/toy_gpu.json"}
+    (error,) = data["errors"]
+    assert error["path"] == "settings" and "no kernel files" in error["message"]
 
 
 def test_jobs_give_the_same_report(in_tmp):

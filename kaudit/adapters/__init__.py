@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from kaudit.adapters import atrex, cuda_l1, fastkernels, kernelbench, kernelbenchx
 from kaudit.adapters.model import BENCHMARKS
-from kaudit.discover import Discovery, WorkItem, natural_key
+from kaudit.discover import NO_KERNEL_FILES, Discovery, WorkItem, display_path, natural_key
 from kaudit.findings import ScanError
 
 #: the adapters asked in turn, the most specific layouts first; KernelBench's takes the rest
@@ -45,4 +45,11 @@ def adapt(found: Discovery, benchmark: str | None = None) -> Adapted:
     rest, errors = kernelbench.adapt(left, found.claims)
     result.items = taken + rest
     result.errors.extend(errors)
+    # a folder of `.json` files only is an error unless an adapter took one of them
+    used = {item.file for item in result.items} | {error.path for error in result.errors}
+    for folder, documents in found.bare_folders:
+        if not any(document in used or display_path(document) in used
+                   for document in documents):
+            result.errors.append(ScanError(folder, f"{NO_KERNEL_FILES}, nor kernels of another "
+                                           f"benchmark in its {len(documents)} .json files"))
     return result

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kaudit.config import Config, code_matches
-from kaudit.discover import by_file, discover
+from kaudit.discover import NO_KERNEL_FILES, by_file, discover
 from kaudit.findings import Finding
 from kaudit.fix.engine import Refusal, fix_text
 from kaudit.fix.report import fixed_by_default
@@ -34,6 +34,8 @@ def run_fix(paths: list[str], config: Config, select: list[str], *, diff: bool,
     found = discover(paths)
     for error in found.errors:
         err.write(f"kaudit: {error.path}: {error.message}\n")
+    for folder, _documents in found.bare_folders:  # kernels inside .json files are not fixed
+        err.write(f"kaudit: {folder}: {NO_KERNEL_FILES}\n")
     wanted = _wanted(config, select, suppress)
     counts: Counter[str] = Counter()
     files = unwritten = 0
