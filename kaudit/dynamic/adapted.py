@@ -56,19 +56,21 @@ WRAPPED = ("atrex", "kernelbenchx", "cuda-l1", "fastkernels")
 
 # -- the wrappers' text (loaded by the jobs, without kaudit) -----------------------------------
 
-#: appended to a CUDA-L1 record's code for its class `name` (lines before it keep their numbers)
+#: appended to a CUDA-L1 record's code for its class `name` (lines before it keep their numbers):
+#: its `__init__` wrapped in place, the name left bound to the class, which its own
+#: `super(Model, self).__init__()` names
 _CUDA_L1_EVAL_MODE = '''
 
 
-_{name}_as_written = {name}
-
-
-class {name}(_{name}_as_written):
-    """Built in eval mode: CUDA-L1's check calls .eval() on both models before calling them."""
-
+def _built_in_eval_mode(init):
+    """CUDA-L1's check calls .eval() on both models before calling them."""
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        init(self, *args, **kwargs)
         self.eval()
+    return __init__
+
+
+{name}.__init__ = _built_in_eval_mode({name}.__init__)
 '''
 
 _COMMON = '''import importlib.util
