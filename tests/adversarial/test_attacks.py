@@ -157,6 +157,16 @@ def test_answers_a_kernel_names_as_copies_of_its_first_are_no_cover(tmp_path):
     assert any(f.level.value == "error" for f in run.findings), messages(run)
 
 
+def test_a_kernel_that_allocates_while_tracing_is_still_rejected(tmp_path):
+    """Tracing runs with the poisoning's dispatch modes off (the tracer records outputs as
+    constants under them): a kernel that allocates its output there gets unpoisoned memory for
+    it, as it would by leaving the modes itself, and writes one row. It is rejected all the same:
+    what it leaves unwritten is not the reference's answer."""
+    run = audit(pair(tmp_path / "traces", "allocates_while_tracing"))
+    assert codes(run) & {"KD101", "KD202"}, messages(run)
+    assert any(f.level.value == "error" for f in run.findings), messages(run)
+
+
 def test_a_kernel_right_for_its_first_calls_only_is_caught(tmp_path):
     run = audit(pair(tmp_path / "counter", "counts_calls"))
     assert "KD202" in codes(run), messages(run)
