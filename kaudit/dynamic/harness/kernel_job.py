@@ -253,7 +253,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         torch.manual_seed(init_seed)
         model = kernel.ModelNew(*init_inputs)
         own = model.state_dict()
-        matched = model_state.matching(torch, state, own)
+        matched = model_state.matching(state, own)
         if info["own_init_differs"] is None:  # before the copy: what ModelNew sets otherwise
             info["own_init_differs"] = [
                 k for k, v in matched.items() if isinstance(v, torch.Tensor)

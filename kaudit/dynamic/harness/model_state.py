@@ -5,7 +5,7 @@ Standard library and torch only: the file jobs (plain run, timing, profile), whi
 package forgotten, load it by path from beside themselves."""
 
 
-def matching(torch, state, own):
+def matching(state, own):
     """The entries of `state` that `own` (ModelNew's state) has, with the same shape."""
     return {key: value for key, value in state.items()
             if key in own and getattr(own[key], "shape", None) == getattr(value, "shape", None)}
@@ -29,6 +29,5 @@ def build(torch, cls, init_inputs, state, seed, device):
     on `device`."""
     torch.manual_seed(seed)
     model = cls(*init_inputs)
-    copy_into(torch, model, matching(torch, state, model.state_dict()))
+    copy_into(torch, model, matching(state, model.state_dict()))
     return model.to(device)
-

@@ -231,8 +231,9 @@ def run(args, out_dir):
             model = model_state.build(torch, problem.Model, init_inputs, state, seed, device)
         else:
             # own_init: built as KernelBench builds it, the way the judge found it right
-            model = model_state.build(torch, _load("kernel", args["kernel"]).ModelNew, init_inputs,
-                           {} if args.get("own_init") else state, seed, device)
+            model = model_state.build(torch, _load("kernel", args["kernel"]).ModelNew,
+                                      init_inputs, {} if args.get("own_init") else state, seed,
+                                      device)
         with torch.no_grad():
             for _ in range(warmup):
                 recorder.call(model, *[v.clone() if isinstance(v, torch.Tensor) else v

@@ -229,7 +229,7 @@ def run(args, out_dir):
     candidate_class = _load("kernel", args["kernel"]).ModelNew
     # own_init: built as KernelBench builds it, the way the judge found it right
     candidate = model_state.build(torch, candidate_class, init_inputs,
-                       {} if args.get("own_init") else state, seed, device)
+                                  {} if args.get("own_init") else state, seed, device)
     if method == "kernelbench":
         info.update(_kernelbench(clock, torch, reference, candidate, pool[0], warmup,
                                  int(args.get("max_trials", 100)), int(args.get("discard", 1)),
