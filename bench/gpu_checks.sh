@@ -15,7 +15,8 @@
 # from .corpora/ (bench/corpora.sh makes it from clones of the public repositories; keep it out of
 # git with .git/info/exclude); on a machine without kaudit's dependencies, wheels in .whl/ are
 # installed first. DEV=cpu runs the same checks on the CPU (to try the script).
-# `python bench/gpu_report.py res.tgz` makes the tables; machine.txt samples the machine every 15 s.
+# `python bench/gpu_report.py res.tgz` makes the tables; machine.txt samples the machine every 15 s,
+# gpu.txt the GPU (busy share, memory used) twice a second.
 # A check's remainder after a run cut short: ADV_K (pytest -k for adversarial), FIXTURES (kernel
 # files), KBX_DONE (record line numbers already judged). PROBLEM_JOBS: `problems`' -j (default 8);
 # CUDAL1_JOBS: `cudal1_full`'s (default 14).
@@ -116,6 +117,12 @@ export -f check scan say
     ps -eo comm | grep -cE '^(cc1plus|cicc|ptxas)$') tmp=$(df --output=used -BG /tmp | tail -1)"
   sleep 15; done ) > "$R/machine.txt" 2>&1 &
 WATCH=$!
+# the GPU twice a second (busy share, memory used): whether a check's jobs keep it busy
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits \
+    -lms 500 > "$R/gpu.txt" 2>&1 &
+  WATCH="$WATCH $!"
+fi
 for spec in "$@"; do
   name=${spec%%=*}; limit=300; [ "$spec" != "$name" ] && limit=${spec#*=}
   say "$name (limit ${limit} s)"; export LIMIT=$limit

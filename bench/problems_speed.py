@@ -74,6 +74,10 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
         seconds = time.perf_counter() - started
         lines = [json.loads(line) for line in stream.read_text().splitlines() if line.strip()] \
             if stream.exists() else []
+        try:
+            summary = json.loads((Path(work) / "r.json").read_text()).get("summary") or {}
+        except (OSError, ValueError):  # a run killed by its limit writes no report
+            summary = {}
     statuses: dict[str, int] = {}
     for line in lines:
         statuses[str(line.get("status"))] = statuses.get(str(line.get("status")), 0) + 1
@@ -89,8 +93,10 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                                             for line in lines), 1)
                             for kind in sorted({k for line in lines
                                                 for k in line.get("job_seconds") or {}})},
+            "timeline": timeline(lines, seconds, summary.get("gpu_sizing_s")),
             # each problem in the order it ended: which ones hold the run up, and on what
             "each": [{"problem": Path(line["path"]).name, "seconds": line.get("seconds"),
+                      "started_s": line.get("started_s"),
                       "gpu_wait_s": line.get("gpu_wait_s"), "gpu_need": line.get("gpu_need"),
                       "gpu_peak_gib": round(line["gpu_peak_bytes"] / (1 << 30), 2)
                       if line.get("gpu_peak_bytes") else None,
@@ -103,6 +109,26 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                         "why": [f"{f['rule']}: {f['message'][:400]}" for f in line["findings"]
                                 if f["rule"].startswith("KP5")]}
                        for line in lines if line.get("status") != "ok"]}
+
+
+def timeline(lines: list[dict], seconds: float, sizing_s: float | None,
+             step: float = 5.0) -> dict | None:
+    """When the run's turns were used: the sizing before the first job, when the first and the
+    last job started, and how many jobs ran (all their runs, waits for GPU memory included) in
+    each `step` seconds, averaged over it: a run bound by its scheduling shows idle turns."""
+    spans = [(line["started_s"], line["started_s"] + float(line["job_seconds"].get("runs", 0)))
+             for line in lines if line.get("started_s") is not None and line.get("job_seconds")]
+    if not spans:
+        return None
+    buckets = [0.0] * (int(seconds // step) + 1)
+    for begin, end in spans:
+        for index in range(int(begin // step), min(len(buckets), int(end // step) + 1)):
+            low, high = index * step, (index + 1) * step
+            buckets[index] += max(0.0, min(end, high) - max(begin, low)) / step
+    return {"gpu_sizing_s": sizing_s, "first_start_s": round(min(b for b, _ in spans), 2),
+            "last_start_s": round(max(b for b, _ in spans), 2),
+            "last_end_s": round(max(e for _, e in spans), 2),
+            f"jobs_running_per_{step:g}s": [round(b, 1) for b in buckets]}
 
 
 def gpu_sizing(lines: list[dict]) -> dict | None:
@@ -147,6 +173,8 @@ def main() -> int:
           "waits for GPU memory (summed over jobs)")
     if audit["gpu_sizing"]:
         print(f"GPU memory asked first against held at most: {audit['gpu_sizing']}")
+    if audit["timeline"]:
+        print(f"timeline: {audit['timeline']}")
     print("seconds summed over the problems: " + ", ".join(
         f"{kind} {seconds}" for kind, seconds in audit["job_seconds"].items()))
     for problem in audit["not_ok"]:

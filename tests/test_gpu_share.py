@@ -205,12 +205,13 @@ def test_an_out_of_memory_failure_runs_again_wider_then_alone_on_the_gpu():
     assert launch.alone == [False, False, True], "only the last run holds the exclusive lock"
     assert launch.fractions == [0.1, WIDE_SHARE, GPU_MEMORY_SHARE], \
         "its share, then half of the process's part, then alone and not capped to a share"
+    assert result.gpu_runs == 3, "every run is counted, the failed ones too"
 
 
 def test_a_job_that_fits_in_the_wider_cap_does_not_empty_the_gpu():
     launch = FakeLaunch(OOM, OK)
     result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1), launch)
-    assert result.ok and not result.retried_alone
+    assert result.ok and not result.retried_alone and result.gpu_runs == 2
     assert launch.alone == [False, False] and launch.fractions == [0.1, WIDE_SHARE]
 
 
@@ -347,6 +348,7 @@ def test_a_problem_that_fits_alone_gets_no_out_of_memory_finding(problems_on_a_f
     from kaudit.dynamic.problems_cli import stream_line
 
     assert stream_line(problem)["retried_alone_on_gpu"] is True, "--stream says it ran alone"
+    assert problem.gpu_runs == 2 and stream_line(problem)["gpu_runs"] == 2
 
 
 def test_the_finding_appears_when_the_retry_alone_also_runs_out(problems_on_a_fake_gpu):
@@ -472,7 +474,7 @@ def test_an_audit_reserves_twice_its_reference_outputs_and_gives_them_back(monke
 def test_a_job_sized_to_need_more_than_its_share_asks_for_that_first():
     launch = FakeLaunch(OK)
     result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=0.3), launch)
-    assert result.ok and launch.fractions == [0.3]
+    assert result.ok and launch.fractions == [0.3] and result.gpu_runs == 1
     larger = FakeLaunch(OOM, OK)
     assert gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=2.0), larger).ok
     assert larger.fractions == [WIDE_SHARE, GPU_MEMORY_SHARE] and larger.alone == [False, True]
@@ -491,10 +493,11 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     from kaudit.dynamic.tolerance import PRESETS
 
     needs = problems.gpu_needs(files, problems.Options(PRESETS["kernelbench"], device="cuda"))
-    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters
-    inputs, outputs = 2 * 64 * 128 * 4, 64 * 64 * 4
-    # the float64 run's inputs and outputs, or the first inputs while they are cast
-    peak = max(problems.FLOAT64_INPUTS * inputs + problems.FLOAT64_OUTPUTS * outputs,
+    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output made by one matmul, no
+    # parameters
+    inputs, made = 2 * 64 * 128 * 4, 64 * 64 * 4
+    # the float64 run's inputs and what its forward makes, or the first inputs while cast
+    peak = max(problems.FLOAT64_INPUTS * inputs + problems.FLOAT64_FORWARD * made,
                problems.CAST_INPUTS * inputs)
     expected = problems.PEAK_MARGIN * peak / total
     assert needs == {files[0]: pytest.approx(expected)}, "a problem that cannot be sized is left out"

@@ -216,10 +216,15 @@ def test_cli_json_shape(tmp_path):
     # where each problem's time went: the job's steps, all its runs, the judging, in both
     steps = honest["job_seconds"]
     assert {"job:import", "job:inputs", "job:forward", "job:save", "job:fp64", "job:scale",
-            "judge", "runs"} <= set(steps) and all(seconds >= 0 for seconds in steps.values())
+            "judge", "runs", "queued"} <= set(steps) and all(s >= 0 for s in steps.values())
     job_steps = sum(s for name, s in steps.items() if name.startswith("job:"))
-    assert job_steps <= steps["runs"] <= lines[1]["seconds"] - steps["judge"]
+    assert job_steps <= steps["runs"] <= lines[1]["seconds"] - steps["judge"] - steps["queued"]
     assert lines[1]["job_seconds"] == steps
+    # the run's timeline: when each problem's turn came after the audit began; one at a time
+    # (-j 1), in the files' order, the second once the first's job had run
+    assert 0 <= tiny["started_s"] < honest["started_s"]
+    assert honest["started_s"] >= tiny["started_s"] + tiny["job_seconds"]["runs"]
+    assert lines[1]["started_s"] == honest["started_s"]
     assert honest["gpu_need"] is None and honest["gpu_peak_bytes"] is None, "on the CPU: none"
 
 

@@ -556,5 +556,47 @@ def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
     forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": -1, "twins": 4,
                               "inputs_changed": "yes"}
     size = problem_sizing.size_problems([asked], 42)[asked]
-    assert size == problem_sizing.ProblemSize(0, 8, None, None, 0, False)
+    assert size == problem_sizing.ProblemSize(0, 8, None, None, 0, False, None)
     assert problem_sizing.reference_writes(size, 2) == 0
+
+
+FORWARD_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        if self.kind == "temporary":  # exp's result lives until the sum is made
+            return torch.exp(x) + 1
+        if self.kind == "view":
+            return x.view(-1)
+        x.mul_(2)  # in place: nothing new
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(256, 128)]
+
+
+def get_init_inputs():
+    return [KIND]
+"""
+
+
+@pytest.mark.parametrize("kind, outputs_alive", [("temporary", 2), ("view", 0), ("inplace", 1)])
+def test_what_forward_makes_is_measured_on_the_meta_device(tmp_path, kind, outputs_alive):
+    """`kaudit problems` asks each problem's GPU share from the most bytes its forward's own
+    tensors hold at once: a temporary alive beside the output counts, a view or an in-place
+    result of an input does not."""
+    pytest.importorskip("torch", reason="the sizing job needs torch")
+    from kaudit.dynamic import problem_sizing
+
+    problem = tmp_path / "problem.py"
+    problem.write_text(FORWARD_PROBLEM.replace("KIND", repr(kind)))
+    size = problem_sizing.size_problems([str(problem)], 42)[str(problem)]
+    assert size is not None and size.forward == outputs_alive * 256 * 128 * 4

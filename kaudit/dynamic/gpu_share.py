@@ -279,9 +279,11 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
     (see the module's docstring). The last result is the one returned, with `gpu_wait_s` (time
     spent waiting for memory and locks) and, after a failure alone, `gpu_note` saying what was
     free."""
-    waited = 0.0
+    waited, runs = 0.0, 0
 
     def capped(share: float | None) -> Any:  # share None: alone on the GPU
+        nonlocal runs
+        runs += 1
         alone = share is None
         args = {**job.args,
                 "gpu_memory_fraction": job_fraction(claim.device, share or GPU_MEMORY_SHARE),
@@ -304,7 +306,7 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
             yield
 
     def finish(result: Any) -> Any:
-        result.gpu_wait_s = round(waited, 3)
+        result.gpu_wait_s, result.gpu_runs = round(waited, 3), runs
         return result
 
     first = claim.share if claim.need is None else max(claim.share, min(claim.need, WIDE_SHARE))

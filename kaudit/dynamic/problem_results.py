@@ -69,14 +69,19 @@ class ProblemResult:
     retried_alone_on_gpu: bool = False
     #: seconds its job waited for GPU memory and locks (neighbours' jobs)
     gpu_wait_s: float = 0.0
+    #: runs of its job on the GPU: more than one after running out of memory (None on the CPU)
+    gpu_runs: int | None = None
     #: the share of the GPU its job asked first (`problems.gpu_needs`), the most its last run's
     #: caching allocator held (bytes) and the GPU's memory: how far the sizing was from the need
     gpu_need: float | None = None
     gpu_peak_bytes: int | None = None
     gpu_total_bytes: int | None = None
-    #: where its time went: the job's steps (`job:import`, `job:forward`, `job:fp64` ...) and
-    #: kaudit's comparison of the outputs (`judge`)
+    #: where its time went: the job's steps (`job:import`, `job:forward`, `job:fp64` ...),
+    #: every run of its job (`runs`), kaudit's comparison of the outputs (`judge`) and the wait
+    #: for a turn among the `-j` running (`queued`)
     job_seconds: dict[str, float] = field(default_factory=dict)
+    #: seconds from the start of the audit to this problem's turn (None: it had none)
+    started_s: float | None = None
 
     @property
     def max_abs(self) -> float | None:
@@ -99,9 +104,10 @@ class ProblemResult:
             "absolute": self.absolute, "gap": self.gap, "recommended": self.recommended,
             "seeds": self.seeds, "scales": self.scales,
             "retried_alone_on_gpu": self.retried_alone_on_gpu, "gpu_wait_s": self.gpu_wait_s,
+            "gpu_runs": self.gpu_runs,
             "gpu_need": self.gpu_need, "gpu_peak_bytes": self.gpu_peak_bytes,
             "gpu_total_bytes": self.gpu_total_bytes,
-            "job_seconds": self.job_seconds,
+            "job_seconds": self.job_seconds, "started_s": self.started_s,
             "findings": [f.to_dict() for f in self.findings],
         }
 

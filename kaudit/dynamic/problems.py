@@ -125,14 +125,16 @@ def model_line(file: str) -> tuple[int, list[str]]:
 
 # -- running ---------------------------------------------------------------------------------
 
-#: a problem job's peak GPU memory in multiples of its model's parameters, its inputs and its
-#: outputs (`harness/problem_job`): the float64 model, once the native one is gone; the first
-#: inputs cast to float64 (three times their size while one is cast), float64 outputs and what
-#: forward makes on the way; then room for the caching allocator. The native runs before it
-#: hold less. Before the first inputs were made again for the float64 run instead of kept on
-#: the device, and the native model freed first, this was 3 P + 3 I + 4 O: on KernelBench level
-#: 1 the share asked first was then 0.93 of the most the job held (median).
-FLOAT64_PARAMS, FLOAT64_INPUTS, CAST_INPUTS, FLOAT64_OUTPUTS, PEAK_MARGIN = 2, 2, 3, 4, 1.25
+#: a problem job's peak GPU memory in multiples of its model's parameters, its inputs and what
+#: its forward makes (`ProblemSize.forward`: its outputs and the temporaries alive beside them),
+#: all in the float64 runs, which come last (`harness/problem_job`): the float64 model; the
+#: first inputs cast to float64 (three times their size while one is cast), or the float64
+#: inputs beside what forward makes in float64; then room for the caching allocator, emptied
+#: between runs. The native runs before hold less. Until the ninth session the job kept an
+#: |output| copy while saving and let the allocator's cache grow from run to run, and this was
+#: 2 P + max(3 I, 2 I + 4 O): on KernelBench level 1 it asked more than the job held for
+#: elementwise problems (45 GiB for 30) and less for reductions (30 for 40).
+FLOAT64_PARAMS, FLOAT64_INPUTS, CAST_INPUTS, FLOAT64_FORWARD, PEAK_MARGIN = 2, 2, 3, 2, 1.25
 
 
 def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str, float]:
@@ -148,10 +150,10 @@ def gpu_needs(files: list, options: Options, timeout: float = 120.0) -> dict[str
     for path, size in size_problems(paths, options.init_seed, timeout).items():
         if size is None:
             continue
-        outputs = size.outputs if size.outputs is not None else size.inputs
+        made = size.forward if size.forward is not None else size.inputs
         peak = FLOAT64_PARAMS * size.params + max(CAST_INPUTS * size.inputs,
                                                   FLOAT64_INPUTS * size.inputs
-                                                  + FLOAT64_OUTPUTS * outputs)
+                                                  + FLOAT64_FORWARD * made)
         needs[path] = PEAK_MARGIN * peak / memory.total
     return needs
 
@@ -181,6 +183,7 @@ def audit_problems(paths: Iterable[str], options: Options,
     """Run and probe every problem under `paths`; `on_problem(done, total, problem)` after each.
     Raises FileNotFoundError for a missing path and ValueError for an unusable device; a problem
     that fails is a KP501 finding, never an error."""
+    began = time.monotonic()
     files, skipped, errors = discover_problems(paths)
     device = resolve_device(options.device)
     report = ProblemsReport(options, device, errors=errors, files_skipped=skipped)
@@ -188,7 +191,9 @@ def audit_problems(paths: Iterable[str], options: Options,
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     slots = GpuSlots(options.jobs) if device == "cuda" else None
     budget = scratch.start_budget(options.temp_limit)
+    sizing = time.monotonic()
     needs = gpu_needs(files, options) if slots and len(files) > 1 else {}
+    sizing_s = time.monotonic() - sizing
     # `jobs` problems run at once; on a GPU as many more are judged meanwhile (on its host's
     # CPU), instead of keeping the GPU waiting for the judging of the one before (a second each)
     turns = threading.Semaphore(max(1, options.jobs))
@@ -232,6 +237,7 @@ def audit_problems(paths: Iterable[str], options: Options,
         try:
             with job_seconds() as runs, contextlib.ExitStack() as judging:
                 with turns, claimed(file) as gpu:  # the turn ends with the job, not its judging
+                    turned = time.monotonic()
                     result = judging.enter_context(run_job(Job(JOB_TARGET, {
                         "path": os.path.abspath(file), "device": device,
                         "seeds": options.seed_values(), "init_seed": options.init_seed,
@@ -242,7 +248,11 @@ def audit_problems(paths: Iterable[str], options: Options,
                 judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
                 problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)
-                problem.gpu_need = gpu.need if gpu is not None else None
+                # the timeline of the run: when its turn came, and how long it waited for one
+                problem.job_seconds["queued"] = round(turned - started, 3)
+                problem.started_s = round(turned - began, 3)
+                if gpu is not None:
+                    problem.gpu_need, problem.gpu_runs = gpu.need, result.gpu_runs
             # the steps above are the last run's; every run of the job, a run that ran out of
             # GPU memory before a wider one included, waits for memory too
             problem.job_seconds["runs"] = round(runs.get("problem", 0.0), 3)
@@ -281,4 +291,6 @@ def audit_problems(paths: Iterable[str], options: Options,
                       if p.error and p.error.startswith("internal error")]
     report.summary = summarize(report.problems)
     report.summary["temp"] = budget.usage()
+    if needs:
+        report.summary["gpu_sizing_s"] = round(sizing_s, 3)
     return report

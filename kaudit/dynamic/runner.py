@@ -132,6 +132,9 @@ class RunResult:
     gpu_note: str = ""
     #: seconds it waited for GPU memory and locks before its runs (`gpu_share.run_claimed`)
     gpu_wait_s: float = 0.0
+    #: runs of the job on its GPU (`gpu_share.run_claimed`): 1, or more after running out of
+    #: memory at a narrower share
+    gpu_runs: int = 1
     #: the job's own report of its phases' seconds (`build`, `import`, `forward` ...), bounded
     #: (`phase_seconds`): it may have run code under audit
     phases: dict[str, float] = field(default_factory=dict)

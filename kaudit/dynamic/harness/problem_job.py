@@ -153,6 +153,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
         record = {"scale": scale, "native": None, "fp64": None, "error": None, "fp64_error": None}
         manifest["scales"].append(record)
         step("scale")
+        _free(torch, device)  # what the run before cached, so that this one is not cut short
         try:
             scaled = first_inputs(scale, None)
             torch.manual_seed(seeds[0])
@@ -174,6 +175,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
         if reference64 is None:
             break
         step(step_name)
+        _free(torch, device)
         try:
             if index == 0:
                 reference64 = reference64.to(device)
@@ -224,8 +226,12 @@ class _Saver:
                     extremes = self.argmax(flat.abs()).reshape(1)
                 else:
                     key = flat.to(torch.uint8) if flat.dtype == torch.bool else flat
-                    extremes = torch.stack([self.argmin(key), self.argmax(key),
-                                            self.argmax(key.abs())])
+                    low, high = self.argmin(key), self.argmax(key)
+                    # the largest magnitude is at the minimum or the maximum: no |output| copy
+                    # (an output-sized tensor, the most a float64 run held for elementwise
+                    # problems); a NaN at either is the position kept
+                    largest = torch.where(key[high].abs() >= key[low].abs(), high, low)
+                    extremes = torch.stack([low, high, largest])
                 tensors += [flat[positions].cpu(), flat[extremes].cpu()]
                 entry["nan"] = int(self.isnan(flat).sum()) if flat.is_floating_point() else 0
                 entry["inf"] = int(self.isinf(flat).sum()) if flat.is_floating_point() else 0
@@ -357,5 +363,9 @@ def _synchronize(torch: Any, device: Any) -> None:
 
 
 def _free(torch: Any, device: Any) -> None:
+    """The caching allocator's unused blocks given back: a block cached by one run (a scaled
+    copy of the inputs, the float32 inputs before their float64 cast) is split to serve the next
+    run's other sizes, and what the job held grew by whole input sizes from run to run (five
+    times the inputs on KernelBench level 1's reductions, three in use at most)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
