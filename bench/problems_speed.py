@@ -101,6 +101,7 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                       "gpu_peak_gib": round(line["gpu_peak_bytes"] / (1 << 30), 2)
                       if line.get("gpu_peak_bytes") else None,
                       "retried_alone": bool(line.get("retried_alone_on_gpu")),
+                      "gpu_runs": line.get("gpu_runs"),
                       "job_seconds": line.get("job_seconds")} for line in lines],
             # why a problem did not run, or ran in part: what the next run has to fix
             "not_ok": [{"problem": Path(line["path"]).name, "status": line.get("status"),
