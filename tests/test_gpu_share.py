@@ -478,9 +478,11 @@ def test_a_job_sized_to_need_more_than_its_share_asks_for_that_first():
     larger = FakeLaunch(OOM, OK)
     assert gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=2.0), larger).ok
     assert larger.fractions == [WIDE_SHARE, GPU_MEMORY_SHARE] and larger.alone == [False, True]
-    small = FakeLaunch(OOM, OK)
+    small = FakeLaunch(OOM, OOM, OK)
     assert gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=0.01), small).ok
-    assert small.fractions == [0.1, WIDE_SHARE], "a small need is no reason to ask less"
+    assert small.fractions == [0.01, 0.02, WIDE_SHARE], \
+        "a small need asks what it needs, not its share; twice that when it ran out"
+    assert not small.alone[-1]
 
 
 def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
@@ -492,12 +494,30 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     files = [str(folder / "good_matmul.py"), str(folder / "bad_raises_in_init.py")]
     from kaudit.dynamic.tolerance import PRESETS
 
-    needs = problems.gpu_needs(files, problems.Options(PRESETS["kernelbench"], device="cuda"))
-    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output made by one matmul, no
-    # parameters
-    inputs, made = 2 * 64 * 128 * 4, 64 * 64 * 4
-    # the float64 run's inputs and what its forward makes, or the first inputs while cast
-    peak = max(problems.FLOAT64_INPUTS * inputs + problems.FLOAT64_FORWARD * made,
+    sized = []
+    real_size = problems.size_problems
+    monkeypatch.setattr(problems, "size_problems",
+                        lambda paths, *args: sized.append(paths) or real_size(paths, *args))
+    monkeypatch.setattr(problems, "SIZING_CHUNK", 1)
+    sizes = problems.gpu_sizes(files, problems.Options(PRESETS["kernelbench"], device="cuda"))
+    assert sorted(sized) == sorted([[files[0]], [files[1]]]), "one sizing job per chunk"
+    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters
+    inputs, outputs = 2 * 64 * 128 * 4, 64 * 64 * 4
+    # the float64 run's inputs and outputs, or the first inputs while cast
+    peak = max(problems.FLOAT64_INPUTS * inputs + problems.FLOAT64_OUTPUTS * outputs,
                problems.CAST_INPUTS * inputs)
-    expected = problems.PEAK_MARGIN * peak / total
-    assert needs == {files[0]: pytest.approx(expected)}, "a problem that cannot be sized is left out"
+    expected = (problems.PEAK_MARGIN * peak + problems.FIXED_BYTES) / total
+    assert list(sizes) == [files[0]], "a problem that cannot be sized is left out"
+    assert sizes[files[0]].need == pytest.approx(expected)
+    assert sizes[files[0]].flops == 2 * 64 * 128 * 64, "one matmul's multiply-adds, twice"
+
+
+def test_problems_start_with_the_most_memory_and_work():
+    """Ordered by memory alone, KernelBench level 1's slowest problem (little memory, much
+    work) started late and ran alone at the end."""
+    sizes = {"/p/big.py": problems.GpuSize(0.4, 10), "/p/slow.py": problems.GpuSize(0.05, 10**12),
+             "/p/small.py": problems.GpuSize(0.05, 10), "/p/both.py": problems.GpuSize(0.3, 10**11)}
+    files = ["/p/small.py", "/p/unsized.py", "/p/slow.py", "/p/both.py", "/p/big.py"]
+    assert [files[i] for i in problems.start_order(files, sizes)] == [
+        "/p/slow.py", "/p/big.py", "/p/both.py", "/p/small.py", "/p/unsized.py"]
+    assert problems.start_order(files, {}) == [0, 1, 2, 3, 4], "unsized: in the files' order"

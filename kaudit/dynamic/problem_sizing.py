@@ -31,8 +31,8 @@ class ProblemSize:
     twins: int | None = None
     init: int = 0
     inputs_changed: bool = False
-    #: the most bytes forward's own tensors held at once, its outputs included (None: unknown)
-    forward: int | None = None
+    #: forward's floating-point operations as torch counts them (None: unknown)
+    flops: int | None = None
 
 
 def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
@@ -54,7 +54,7 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
         if path not in paths:
             continue  # the job ran problem code: only what was asked, and numbers, are read
         number = {key: non_negative_int(size.get(key) if isinstance(size, dict) else None)
-                  for key in ("params", "inputs", "outputs", "twins", "init", "forward")}
+                  for key in ("params", "inputs", "outputs", "twins", "init", "flops")}
         if number["params"] is None or number["inputs"] is None:
             sizes[path] = None
             continue
@@ -63,7 +63,7 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
                                   number["outputs"] if known else None,
                                   number["twins"] if known else None, number["init"] or 0,
                                   size.get("inputs_changed") is True,
-                                  number["forward"] if known else None)
+                                  number["flops"] if known else None)
     return sizes
 
 

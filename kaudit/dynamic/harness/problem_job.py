@@ -146,6 +146,8 @@ def run_problem(args: dict, out_dir: str) -> dict:
                 value = scale_input(value, scale, torch)
             values[index] = to_device([value], device, dtype, torch)[0]
             del value
+        if dtype is not None:  # the float32 blocks cannot hold forward's float64 tensors
+            _free(torch, device)
         return values
 
     scales = [scale for scale in args.get("scales", []) if scale != 1]
@@ -366,6 +368,6 @@ def _free(torch: Any, device: Any) -> None:
     """The caching allocator's unused blocks given back: a block cached by one run (a scaled
     copy of the inputs, the float32 inputs before their float64 cast) is split to serve the next
     run's other sizes, and what the job held grew by whole input sizes from run to run (five
-    times the inputs on KernelBench level 1's reductions, three in use at most)."""
+    times the inputs on KernelBench level 1's reductions, whose runs use about three)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()

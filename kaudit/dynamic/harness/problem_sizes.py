@@ -1,7 +1,8 @@
-"""The sizing job: for each problem file, the bytes of its
-parameters, its inputs and its outputs, found on torch's meta device (shapes and dtypes, no
-memory, no GPU), so that the parent can give a problem's job the share of the GPU, and a kernel's
-reference job the temporary disk, it will need before it runs, instead of after it ran out.
+"""The sizing job: for each problem file, the bytes of its parameters, its inputs and its
+outputs, and its forward's floating-point operations, found on torch's meta device (shapes and
+dtypes, no memory, no GPU), so that the parent can give a problem's job the share of the GPU,
+and a kernel's reference job the temporary disk, it will need before it runs, instead of after
+it ran out; and start the longest problems first.
 
 Runs inside a job on the CPU. A problem that cannot be sized (its inputs made from NumPy, a
 data-dependent shape, an explicit device) is recorded with its error; its outputs alone may be
@@ -10,7 +11,7 @@ unknown (`outputs` None) when only its forward failed on the meta device.
 
 from __future__ import annotations
 
-import weakref
+import contextlib
 from typing import Any
 
 from .child import import_file, phase
@@ -30,7 +31,7 @@ def size_problems(args: dict, out_dir: str) -> dict:
 
 def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
     found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None, "twins": None,
-                             "init": None, "forward": None, "inputs_changed": None,
+                             "init": None, "flops": None, "inputs_changed": None,
                              "error": None}
     try:
         module = import_file(name, path)
@@ -43,9 +44,10 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
         found["init"] = _bytes(torch, init_inputs)
         found["inputs"] = _bytes(torch, inputs)
         versions = [v._version for v in inputs if isinstance(v, torch.Tensor)]
-        with torch.no_grad(), _LiveBytes(torch) as live:
+        counter = _flop_counter()
+        with torch.no_grad(), counter or contextlib.nullcontext():
             result = model(*inputs)
-        found["forward"] = live.peak
+        found["flops"] = int(counter.get_total_flops()) if counter is not None else None
         found["inputs_changed"] = versions != [v._version for v in inputs
                                                if isinstance(v, torch.Tensor)]
         outputs = [v for v in (result if isinstance(result, (list, tuple)) else [result])
@@ -61,52 +63,15 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
     return found
 
 
-class _LiveBytes:
-    """A dispatch mode counting the bytes of the tensors forward makes while they live (views
-    and in-place results not counted again; a tensor's views keep it alive): `peak` is the most
-    alive at once, the outputs included. What an operator allocates inside its own kernel (a
-    workspace) is not seen."""
-
-    def __init__(self, torch: Any) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        counter = self
-        self.live = self.peak = 0
-
-        def storages(values: Any) -> set:
-            return {v.untyped_storage()._cdata for v in tree_leaves(values)
-                    if isinstance(v, torch.Tensor)}
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                result = func(*args, **(kwargs or {}))
-                given, seen = storages((args, kwargs)), set()
-                for value in tree_leaves(result):  # a view or an in-place result: not new
-                    if isinstance(value, torch.Tensor):
-                        storage = value.untyped_storage()._cdata
-                        if storage not in given and storage not in seen:
-                            seen.add(storage)
-                            counter.made(value)
-                return result
-
-        self.mode = Mode()
-
-    def made(self, tensor: Any) -> None:
-        size = tensor.untyped_storage().nbytes()
-        self.live += size
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(tensor, self.freed, size)
-
-    def freed(self, size: int) -> None:
-        self.live -= size
-
-    def __enter__(self) -> "_LiveBytes":
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.mode.__exit__(*exc)
+def _flop_counter() -> Any:
+    """torch's count of forward's floating-point operations (matrix products, convolutions,
+    attention; elementwise work counts nothing), from shapes alone: a guess at which problems
+    take longest, so that they start first. None where this torch has none."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    return FlopCounterMode(display=False)
 
 
 def _bytes(torch: Any, values: list) -> int:
