@@ -286,3 +286,15 @@ def test_server_start_up_probes_whether_a_forked_job_could_use_cuda(bad_fork):
 
     torch = SimpleNamespace(cuda=SimpleNamespace(_is_in_bad_fork=lambda: bad_fork))
     assert _forks_poisoned(torch) is bad_fork
+
+
+def test_a_server_started_ahead_serves_the_first_job(jobs):
+    """`runner.start_fork_server` (kaudit's start, beside its own imports) starts the server the
+    first job would have started: that job is forked from it, no other server is started."""
+    from kaudit.dynamic import runner
+
+    forkserver.shutdown()
+    runner.start_fork_server()
+    assert wait_until(lambda: forkserver.server_pid() is not None, 120), "no server started"
+    started = forkserver.server_pid()
+    assert run_ok(job(jobs, "describe"))["ppid"] == started == forkserver.server_pid()

@@ -24,6 +24,7 @@ failed start) every job takes the plain path.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
 import os
@@ -100,6 +101,13 @@ def launch(job: Launch) -> Exit:
         return pending.wait(server, job.timeout)
     finally:
         server.finish(pending)
+
+
+def warm(env: Mapping[str, str]) -> None:
+    """Start the server that jobs of environment `env` will use, if none runs (`launch` would
+    start it at the first job); a server that cannot start is left to that job to find."""
+    with contextlib.suppress(Unavailable):
+        _server_for(env)
 
 
 def server_pid() -> int | None:

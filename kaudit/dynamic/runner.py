@@ -51,6 +51,7 @@ import errno
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kaudit.dynamic import gpu_share, sandbox, scratch
+from kaudit.dynamic import forkserver, gpu_share, sandbox, scratch
 from kaudit.dynamic.forkserver import Launch, copy_harness
 from kaudit.dynamic.harness.child import traced
 
@@ -408,9 +409,8 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
             "cgroup": cgroup.procs if cgroup is not None else None,
             "sandbox": sandbox.plan_for(root, visible, writable) if confined else None}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    env = scrubbed_environment({
-        "PYTHONPATH": _python_path(lib), "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0", "TMPDIR": str(tmp),
+    env = _job_environment(lib, {
+        "TMPDIR": str(tmp),
         # caches a job writes, in its own folder: the home folder is read-only in the sandbox
         "TRITON_CACHE_DIR": str(tmp / "triton"), "XDG_CACHE_HOME": str(tmp / "cache"),
         "CUDA_CACHE_PATH": str(tmp / "nv"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
@@ -467,6 +467,26 @@ def _largest_file(root: Path) -> int:
             with contextlib.suppress(OSError):
                 sizes.append(os.lstat(os.path.join(directory, name)).st_size)
     return max(sizes)
+
+
+def _job_environment(lib: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """A job's whole environment: the scrubbed one, its harness copy `lib` first on its path,
+    and `extra` (its folders, `Job.env`)."""
+    return scrubbed_environment({
+        "PYTHONPATH": _python_path(lib), "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0", **extra})
+
+
+def start_fork_server() -> None:
+    """Start the fork server for jobs of the usual environment now, in the background, so that
+    its import of torch runs beside kaudit's own start instead of before the first job (on the
+    H200 `kaudit problems` spent 10 s before its first job). Nothing runs in it until a job
+    comes; a server that cannot start is found out, and said, by that job."""
+    if os.environ.get("KAUDIT_FORKSERVER", "1") == "0":
+        return
+    env = _job_environment(Path(os.devnull), {})  # a job's own paths do not choose its server
+    threading.Thread(target=forkserver.warm, args=(env,), name="forkserver-start",
+                     daemon=True).start()
 
 
 def _python_path(lib: Path) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import kaudit
 from kaudit import rules
-from kaudit.dynamic import sandbox, scratch
+from kaudit.dynamic import runner, sandbox, scratch
 
 
 def installation_files() -> list[Path]:
@@ -94,6 +94,7 @@ def prepare_jobs(mode: str) -> Installation:
     sandbox.set_mode(mode)
     sandbox.active()
     scratch.remove_stale()
+    runner.start_fork_server()  # beside the imports below: it runs nothing until a job comes
     return Installation.before_jobs()
 
 
