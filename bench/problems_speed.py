@@ -93,7 +93,8 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                                             for line in lines), 1)
                             for kind in sorted({k for line in lines
                                                 for k in line.get("job_seconds") or {}})},
-            "timeline": timeline(lines, seconds, summary.get("gpu_sizing_s")),
+            "timeline": timeline(lines, seconds, summary.get("gpu_sizing_s"),
+                                 summary.get("fork_server")),
             # each problem in the order it ended: which ones hold the run up, and on what
             "each": [{"problem": Path(line["path"]).name, "seconds": line.get("seconds"),
                       "started_s": line.get("started_s"),
@@ -113,8 +114,9 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
 
 
 def timeline(lines: list[dict], seconds: float, sizing_s: float | None,
-             step: float = 5.0) -> dict | None:
-    """When the run's turns were used: the sizing before the first job, when the first and the
+             fork_server: dict | None, step: float = 5.0) -> dict | None:
+    """When the run's turns were used: the sizing before the first job (and the fork server's
+    start, `start_s` long, ready `ready_s` after the audit began), when the first and the
     last job started, and how many jobs ran (all their runs, waits for GPU memory included) in
     each `step` seconds, averaged over it: a run bound by its scheduling shows idle turns."""
     spans = [(line["started_s"], line["started_s"] + float(line["job_seconds"].get("runs", 0)))
@@ -126,7 +128,8 @@ def timeline(lines: list[dict], seconds: float, sizing_s: float | None,
         for index in range(int(begin // step), min(len(buckets), int(end // step) + 1)):
             low, high = index * step, (index + 1) * step
             buckets[index] += max(0.0, min(end, high) - max(begin, low)) / step
-    return {"gpu_sizing_s": sizing_s, "first_start_s": round(min(b for b, _ in spans), 2),
+    return {"gpu_sizing_s": sizing_s, "fork_server": fork_server,
+            "first_start_s": round(min(b for b, _ in spans), 2),
             "last_start_s": round(max(b for b, _ in spans), 2),
             "last_end_s": round(max(e for _, e in spans), 2),
             f"jobs_running_per_{step:g}s": [round(b, 1) for b in buckets]}

@@ -225,6 +225,10 @@ def test_cli_json_shape(tmp_path):
     assert 0 <= tiny["started_s"] < honest["started_s"]
     assert honest["started_s"] >= tiny["started_s"] + tiny["job_seconds"]["runs"]
     assert lines[1]["started_s"] == honest["started_s"]
+    # the fork server's start (it runs the jobs), ready before the first job ended
+    fork = data["summary"]["fork_server"]
+    assert fork["start_s"] > 0
+    assert fork["ready_s"] <= tiny["started_s"] + tiny["job_seconds"]["runs"]
     assert honest["gpu_need"] is None and honest["gpu_peak_bytes"] is None, "on the CPU: none"
 
 

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,6 +109,16 @@ def warm(env: Mapping[str, str]) -> None:
     start it at the first job); a server that cannot start is left to that job to find."""
     with contextlib.suppress(Unavailable):
         _server_for(env)
+
+
+def server_times() -> tuple[float, float] | None:
+    """When the running server started and when it was ready (`time.monotonic()`), or None:
+    how long its import of torch took, and whether it was ready before the first job."""
+    with _lock:
+        server = _current
+    if server is None or server.ready_at is None:
+        return None
+    return server.started_at, server.ready_at
 
 
 def server_pid() -> int | None:
@@ -244,6 +255,8 @@ class _Server:
         self.closing = False  # kaudit is stopping it
         self.retired = False  # replaced: close once its last job ends
         self.ready = threading.Event()
+        #: `time.monotonic()` when it started and when it said it was ready (None until then)
+        self.started_at, self.ready_at = time.monotonic(), None
         self._jobs: dict[int, _Pending] = {}
         self._numbers = itertools.count()
         self._state = threading.Lock()
@@ -355,6 +368,7 @@ class _Server:
 
     def _dispatch(self, message: dict) -> None:
         if "ready" in message:
+            self.ready_at = time.monotonic()
             self.ready.set()
             return
         with self._state:

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from kaudit.discover import display_path, natural_key
-from kaudit.dynamic import scratch
+from kaudit.dynamic import forkserver, scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
@@ -325,4 +325,8 @@ def audit_problems(paths: Iterable[str], options: Options,
     report.summary["temp"] = budget.usage()
     if sizes:
         report.summary["gpu_sizing_s"] = round(sizing_s, 3)
+    times = forkserver.server_times()
+    if times is not None:  # its start, from the audit's (negative: ready before the audit began)
+        report.summary["fork_server"] = {"start_s": round(times[1] - times[0], 3),
+                                         "ready_s": round(times[1] - began, 3)}
     return report
