@@ -230,8 +230,8 @@ class _Saver:
                     key = flat.to(torch.uint8) if flat.dtype == torch.bool else flat
                     low, high = self.argmin(key), self.argmax(key)
                     # the largest magnitude is at the minimum or the maximum: no |output| copy
-                    # (an output-sized tensor, the most a float64 run held for elementwise
-                    # problems); a NaN at either is the position kept
+                    # (one more output-sized tensor at the float64 runs' peak); a NaN, where
+                    # there is one, is at both and is the position kept
                     largest = torch.where(key[high].abs() >= key[low].abs(), high, low)
                     extremes = torch.stack([low, high, largest])
                 tensors += [flat[positions].cpu(), flat[extremes].cpu()]
