@@ -134,7 +134,8 @@ def model_line(file: str) -> tuple[int, list[str]]:
 #: losses, whose temporaries no size shows, ran again at twice it.
 FLOAT64_PARAMS, FLOAT64_INPUTS, CAST_INPUTS, FLOAT64_OUTPUTS = 2, 2, 3, 4
 PEAK_MARGIN, FIXED_BYTES = 1.25, 1 << 30
-#: problems sized by one job each, at most: sizing a level in one job took 11 s on the H200
+#: problems sized by one job each, at most (sizing level 1 in one job took 11 s on the H200; in
+#: jobs of 12 side by side, 10 s: most of it is not the problems' own)
 SIZING_CHUNK = 12
 
 
