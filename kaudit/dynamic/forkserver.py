@@ -104,6 +104,11 @@ def launch(job: Launch) -> Exit:
         server.finish(pending)
 
 
+def wanted() -> bool:
+    """Whether jobs go through the fork server (KAUDIT_FORKSERVER=0 turns it off)."""
+    return os.environ.get("KAUDIT_FORKSERVER", "1") != "0"
+
+
 def warm(env: Mapping[str, str]) -> None:
     """Start the server that jobs of environment `env` will use, if none runs (`launch` would
     start it at the first job); a server that cannot start is left to that job to find."""

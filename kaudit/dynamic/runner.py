@@ -482,7 +482,7 @@ def start_fork_server() -> None:
     its import of torch runs beside kaudit's own start instead of before the first job (on the
     H200 `kaudit problems` spent 10 s before its first job). Nothing runs in it until a job
     comes; a server that cannot start is found out, and said, by that job."""
-    if os.environ.get("KAUDIT_FORKSERVER", "1") == "0":
+    if not forkserver.wanted():
         return
     env = _job_environment(Path(os.devnull), {})  # a job's own paths do not choose its server
     threading.Thread(target=forkserver.warm, args=(env,), name="forkserver-start",

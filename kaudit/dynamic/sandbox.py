@@ -177,7 +177,7 @@ def launch(job: Launch) -> Exit:
     """Start the job's supervisor (forked by the fork server unless KAUDIT_FORKSERVER=0, or it
     is unavailable) and wait for it, at most `job.timeout` seconds."""
     spec = job.spec.read_bytes()  # a supervisor deletes it: kept for a second start
-    if os.environ.get("KAUDIT_FORKSERVER", "1") != "0":
+    if forkserver.wanted():
         check_running()
         try:
             return forkserver.launch(job)

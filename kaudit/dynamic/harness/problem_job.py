@@ -155,7 +155,8 @@ def run_problem(args: dict, out_dir: str) -> dict:
         record = {"scale": scale, "native": None, "fp64": None, "error": None, "fp64_error": None}
         manifest["scales"].append(record)
         step("scale")
-        _free(torch, device)  # what the run before cached, so that this one is not cut short
+        # what the run before cached (or held when it failed), so that this one is not cut short
+        _free(torch, device)
         try:
             scaled = first_inputs(scale, None)
             torch.manual_seed(seeds[0])
@@ -165,11 +166,10 @@ def run_problem(args: dict, out_dir: str) -> dict:
             del outputs
         except Exception as exc:  # noqa: BLE001
             record["error"] = optional_step_failed(exc)
-            _free(torch, device)
 
-    # the float64 runs last, the native model gone: the device holds one model at a time
+    # the float64 runs last, the native model gone: the device holds one model at a time (each
+    # run below starts by giving the allocator's cache back, the native model's with it)
     del model
-    _free(torch, device)
     runs64 = [(1, manifest["seeds"][0], f"seed{seeds[0]}_fp64.pt", "fp64")] + [
         (record["scale"], record, f"scale{record['scale']:g}_fp64.pt", "scale-fp64")
         for record in manifest["scales"] if record["native"]]
@@ -193,7 +193,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
                 reference64 = None
             else:
                 record["fp64_error"] = optional_step_failed(exc)
-            _free(torch, device)
     if reference64 is None:
         for record in manifest["scales"]:
             if record["native"]:

@@ -45,7 +45,7 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
         found["inputs"] = _bytes(torch, inputs)
         versions = [v._version for v in inputs if isinstance(v, torch.Tensor)]
         counter = _flop_counter()
-        with torch.no_grad(), counter or contextlib.nullcontext():
+        with torch.no_grad(), counter if counter is not None else contextlib.nullcontext():
             result = model(*inputs)
         found["flops"] = int(counter.get_total_flops()) if counter is not None else None
         found["inputs_changed"] = versions != [v._version for v in inputs
