@@ -560,3 +560,8 @@ def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
     size = problem_sizing.size_problems([asked], 42)[asked]
     assert size == problem_sizing.ProblemSize(0, 8, None, None, 0, False, None)
     assert problem_sizing.reference_writes(size, 2) == 0
+    # forward's FLOPs only order the problems' start: a forged count is a number or nothing
+    for forged_flops, read in ((-1, None), ("1e30", None), (True, None), (10**30, 10**30)):
+        forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": 4, "twins": 4,
+                                  "flops": forged_flops}
+        assert problem_sizing.size_problems([asked], 42)[asked].flops == read
