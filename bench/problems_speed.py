@@ -93,8 +93,7 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                                             for line in lines), 1)
                             for kind in sorted({k for line in lines
                                                 for k in line.get("job_seconds") or {}})},
-            "timeline": timeline(lines, seconds, summary.get("gpu_sizing_s"),
-                                 summary.get("fork_server")),
+            "timeline": timeline(lines, seconds, summary),
             # each problem in the order it ended: which ones hold the run up, and on what
             "each": [{"problem": Path(line["path"]).name, "seconds": line.get("seconds"),
                       "started_s": line.get("started_s"),
@@ -103,6 +102,9 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                       if line.get("gpu_peak_bytes") else None,
                       "retried_alone": bool(line.get("retried_alone_on_gpu")),
                       "gpu_runs": line.get("gpu_runs"),
+                      # which step held the most GPU memory
+                      "gpu_step_peaks_gib": {step: round(held / (1 << 30), 2) for step, held
+                                             in (line.get("gpu_step_peaks") or {}).items()},
                       "job_seconds": line.get("job_seconds")} for line in lines],
             # why a problem did not run, or ran in part: what the next run has to fix
             "not_ok": [{"problem": Path(line["path"]).name, "status": line.get("status"),
@@ -113,12 +115,13 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
                        for line in lines if line.get("status") != "ok"]}
 
 
-def timeline(lines: list[dict], seconds: float, sizing_s: float | None,
-             fork_server: dict | None, step: float = 5.0) -> dict | None:
+def timeline(lines: list[dict], seconds: float, summary: dict, step: float = 5.0
+             ) -> dict | None:
     """When the run's turns were used: the sizing before the first job (and the fork server's
     start, `start_s` long, ready `ready_s` after the audit began), when the first and the
     last job started, and how many jobs ran (all their runs, waits for GPU memory included) in
-    each `step` seconds, averaged over it: a run bound by its scheduling shows idle turns."""
+    each `step` seconds, averaged over it: a run bound by its scheduling shows idle turns; and
+    the seconds of the command outside the audit (kaudit's start, the report, its exit)."""
     spans = [(line["started_s"], line["started_s"] + float(line["job_seconds"].get("runs", 0)))
              for line in lines if line.get("started_s") is not None and line.get("job_seconds")]
     if not spans:
@@ -128,7 +131,10 @@ def timeline(lines: list[dict], seconds: float, sizing_s: float | None,
         for index in range(int(begin // step), min(len(buckets), int(end // step) + 1)):
             low, high = index * step, (index + 1) * step
             buckets[index] += max(0.0, min(end, high) - max(begin, low)) / step
-    return {"gpu_sizing_s": sizing_s, "fork_server": fork_server,
+    audit_s = summary.get("audit_s")
+    return {"gpu_sizing_s": summary.get("gpu_sizing_s"), "fork_server": summary.get("fork_server"),
+            "audit_s": audit_s,
+            "outside_audit_s": round(seconds - audit_s, 2) if audit_s is not None else None,
             "first_start_s": round(min(b for b, _ in spans), 2),
             "last_start_s": round(max(b for b, _ in spans), 2),
             "last_end_s": round(max(e for _, e in spans), 2),

@@ -229,6 +229,9 @@ def test_cli_json_shape(tmp_path):
     fork = data["summary"]["fork_server"]
     assert fork["start_s"] > 0
     assert fork["ready_s"] <= tiny["started_s"] + tiny["job_seconds"]["runs"]
+    # the audit's own seconds, from its start to its last problem's judging
+    last = max(p["started_s"] + p["job_seconds"]["runs"] for p in (tiny, honest))
+    assert last < data["summary"]["audit_s"] < 600
     assert honest["gpu_need"] is None and honest["gpu_peak_bytes"] is None, "on the CPU: none"
 
 
@@ -241,12 +244,15 @@ def test_the_gpu_memory_a_problem_held_is_read_from_its_job_as_numbers_only(tmp_
     from kaudit.dynamic.runner import RunResult
 
     manifest = {"device": "cuda:0", "phase": "forward", "seeds": [], "timings": {},
-                "gpu_peak_bytes": 3 << 30, "gpu_total_bytes": "140e9"}
+                "gpu_peak_bytes": 3 << 30, "gpu_total_bytes": "140e9",
+                "gpu_step_peaks": {"fp64": 3 << 30, "save": -1, "scale": True, "7": "1e9"}}
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     crashed = RunResult(status="crashed", error="killed", out_dir=tmp_path, _root=tmp_path)
     problem = analyse(crashed, "p.py", 1, Options(resolve(None, None, None)))
     assert problem.status == "failed"
     assert problem.gpu_peak_bytes == 3 << 30 and problem.gpu_total_bytes is None
+    # which step held the most: forged steps dropped
+    assert problem.gpu_step_peaks == {"fp64": 3 << 30}
 
 
 def test_cli_text_markdown_and_sarif(tmp_path):
@@ -320,6 +326,33 @@ def test_large_outputs_are_sampled_with_exact_extremes():
     assert "sampled elements" in [f for f in mean.findings if f.rule == "KP103"][0].message
     assert nan.stats["nan"] > 1000 and nan.codes() == ["KP104"]
     assert honest.codes() == [] and honest.max_abs > 50
+
+
+def test_counts_over_large_outputs_are_taken_a_slice_at_a_time(monkeypatch):
+    """NaN, Inf and differing elements are counted a slice at a time: a whole output's boolean
+    `.sum()` makes an int64 copy of its mask, which set the problems job's peak on the H200
+    (36 GiB beside a 24 GiB float64 output and its inputs)."""
+    import operator
+
+    from kaudit.dynamic.harness import counting
+
+    monkeypatch.setattr(counting, "SLICE", 7)
+    values = torch.arange(40, dtype=torch.float64).reshape(5, 8)
+    values.view(-1)[[0, 6, 7, 13, 14, 39]] = float("nan")  # at and across slice edges
+    lengths = []
+
+    def isnan(part):
+        lengths.append(part.numel())
+        return torch.isnan(part)
+
+    assert counting.count_where(isnan, values) == 6
+    assert max(lengths) == 7 and sum(lengths) == 40
+    other = values.clone()
+    other.view(-1)[[1, 20, 35]] = -1.0
+    assert counting.count_where(operator.ne, torch.nan_to_num(values), torch.nan_to_num(other)) \
+        == 3
+    assert counting.count_true(torch.isnan(values)) == 6
+    assert counting.count_true(torch.zeros(0, dtype=torch.bool)) == 0
 
 
 class _Problem:

@@ -21,6 +21,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import torch
 
+from kaudit.dynamic.harness.counting import count_true
+
 #: cells per axis at most; bigger outputs are downsampled
 MAX_CELLS = 256
 #: the grid's size in pixels at most, per axis
@@ -180,16 +182,16 @@ def _summary(shape: list[int], grid: _Grid, unwritten: torch.Tensor | None,
     if unwritten is None:
         lines.append("write coverage not measured")
     elif grid.numel:
-        count = int(unwritten.sum())
+        count = count_true(unwritten)
         words = [f"{count} of {grid.numel} elements never written ({_percent(count, grid.numel)})"]
         if len(shape) >= 2 and grid.rows > 1:
-            rows = int(unwritten.view(grid.rows, grid.columns).all(dim=1).sum())
+            rows = count_true(unwritten.view(grid.rows, grid.columns).all(dim=1))
             words.insert(0, f"{rows} of {grid.rows} rows never written "
                             f"({_percent(rows, grid.rows)})")
         lines.append("; ".join(words))
     for name, mask in (("before the start", before), ("after the end", after)):
         if mask is not None:
-            count = int(mask.sum())
+            count = count_true(mask)
             lines.append(f"{count} of {_plural(mask.numel(), 'guard element')} {name} written "
                          f"out of bounds")
     return lines

@@ -26,6 +26,7 @@ import torch
 
 from kaudit.dynamic import acceptance
 from kaudit.dynamic.harness import sentinels
+from kaudit.dynamic.harness.counting import count_true
 from kaudit.dynamic.harness.scaling import distance
 from kaudit.dynamic.runner import TIMEOUT, OutputError, OversizedOutput, RunResult
 from kaudit.dynamic.tolerance import Tolerance
@@ -545,12 +546,12 @@ def write_coverage(runs: list, key: str, unwritten: Any = None) -> dict[str, Any
     repeat_same = all(torch.equal(bits[r], bits[sentinels.sentinel_run(r)])
                       for r in range(len(bits)) if sentinels.sentinel_run(r) != r)
     dependent = differs & ~unwritten
-    count = int(unwritten.sum())
+    count = count_true(unwritten)
     shape = list(runs[0].shape)
     return {"numel": numel, "unwritten": count,
             "fraction": round(count / numel, 6) if numel else 0.0,
-            "dependent": int(dependent.sum()),
-            "dependent_fraction": round(int(dependent.sum()) / numel, 6) if numel else 0.0,
+            "dependent": count_true(dependent),
+            "dependent_fraction": round(count_true(dependent) / numel, 6) if numel else 0.0,
             "deterministic": repeat_same,
             "poisoned_dtype": sentinels.poisoned(runs[0].dtype),
             **_where(unwritten, shape)}
@@ -558,7 +559,7 @@ def write_coverage(runs: list, key: str, unwritten: Any = None) -> dict[str, Any
 
 def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
     """Where the unwritten elements lie: tail, whole rows, whole columns, strided or scattered."""
-    count = int(mask.sum())
+    count = count_true(mask)
     if not count:
         return {"pattern": "none", "where": "none"}
     numel = mask.numel()
@@ -570,19 +571,19 @@ def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
     positions = torch.nonzero(mask).reshape(-1)
     first = int(positions[0])
     info: dict[str, Any] = {"first_unwritten": first, "rows": rows, "columns": columns,
-                            "rows_unwritten": int(full_rows.sum()),
-                            "columns_unwritten": int(full_columns.sum())}
+                            "rows_unwritten": count_true(full_rows),
+                            "columns_unwritten": count_true(full_columns)}
     if count == numel:
         info.update(pattern="all", where="no element of the output was written")
     elif count == numel - first:
         info.update(pattern="tail", where=f"the tail from flat index {first} on "
                     f"({count} elements) was never written")
-    elif rows > 1 and int(full_rows.sum()) * columns == count:
+    elif rows > 1 and count_true(full_rows) * columns == count:
         written = [int(i) for i in torch.nonzero(~full_rows).reshape(-1)[:5]]
-        info.update(pattern="rows", where=f"{int(full_rows.sum())} of {rows} rows (of "
+        info.update(pattern="rows", where=f"{count_true(full_rows)} of {rows} rows (of "
                     f"{columns} elements) were never written; written rows include {written}")
-    elif columns > 1 and int(full_columns.sum()) * rows == count:
-        info.update(pattern="columns", where=f"{int(full_columns.sum())} of {columns} columns "
+    elif columns > 1 and count_true(full_columns) * rows == count:
+        info.update(pattern="columns", where=f"{count_true(full_columns)} of {columns} columns "
                     f"were never written")
     else:
         steps = torch.unique(positions[1:] - positions[:-1]) if count > 1 else None
@@ -591,7 +592,7 @@ def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
                         where=f"every {int(steps[0])}th element from flat index {first} on")
         else:
             info.update(pattern="scattered", where=f"scattered, first at flat index {first}, "
-                        f"{int(full_rows.sum())} whole rows of {rows}")
+                        f"{count_true(full_rows)} whole rows of {rows}")
     return info
 
 
@@ -694,7 +695,7 @@ def _mutation(add: Adder, before: list, after: list, call: int | None,
                 level=level, input=index, call=call)
             continue
         changed = sentinels.as_bits(old) != sentinels.as_bits(new)
-        count = int(changed.sum())
+        count = count_true(changed)
         if count:
             add("KD402", f"input {index} ({_describe_tensor(old)}) was modified by forward"
                 f"{when}: {count} of {old.numel()} elements ({100 * count / old.numel():.3g} %) "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kaudit.dynamic.harness.counting import count_true, count_where
 from kaudit.dynamic.harness.scaling import max_abs
 
 #: outputs whose seeds differ by less than this share of max|y| are "input-independent"
@@ -82,8 +83,8 @@ def gap(native: torch.Tensor, reference: torch.Tensor) -> Gap:
         reference_nonfinite = native_nonfinite = 0
         error, base = a - b, b
     else:
-        reference_nonfinite = int((~finite_b).sum())
-        native_nonfinite = int((~finite_a & finite_b).sum())
+        reference_nonfinite = count_true(~finite_b)
+        native_nonfinite = count_true(~finite_a & finite_b)
         error, base = (a - b)[both], b[both]
     return Gap(_ratio(float(error.norm()) if error.numel() else 0.0,
                       float(base.norm()) if base.numel() else 0.0),
@@ -136,8 +137,8 @@ class Moments:
         finite = _finite(tensor, values)
         nan = inf = 0
         if not bool(finite.all()):
-            nan = int(torch.isnan(values).sum())
-            inf = int(values.numel() - int(finite.sum()) - nan)
+            nan = count_where(torch.isnan, values)
+            inf = values.numel() - count_true(finite) - nan
             values = values[finite]
         if not values.numel():
             return cls(0, 0.0, 0.0, math.inf, -math.inf, nan, inf)

@@ -76,6 +76,8 @@ class ProblemResult:
     gpu_need: float | None = None
     gpu_peak_bytes: int | None = None
     gpu_total_bytes: int | None = None
+    #: the most its caching allocator held in each step of its last run (`job:` steps, bytes)
+    gpu_step_peaks: dict[str, int] = field(default_factory=dict)
     #: where its time went: the job's steps (`job:import`, `job:forward`, `job:fp64` ...),
     #: every run of its job (`runs`), kaudit's comparison of the outputs (`judge`) and the wait
     #: for a turn among the `-j` running (`queued`)
@@ -106,7 +108,7 @@ class ProblemResult:
             "retried_alone_on_gpu": self.retried_alone_on_gpu, "gpu_wait_s": self.gpu_wait_s,
             "gpu_runs": self.gpu_runs,
             "gpu_need": self.gpu_need, "gpu_peak_bytes": self.gpu_peak_bytes,
-            "gpu_total_bytes": self.gpu_total_bytes,
+            "gpu_total_bytes": self.gpu_total_bytes, "gpu_step_peaks": self.gpu_step_peaks,
             "job_seconds": self.job_seconds, "started_s": self.started_s,
             "findings": [f.to_dict() for f in self.findings],
         }

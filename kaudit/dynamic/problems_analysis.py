@@ -50,6 +50,10 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
         problem.job_seconds = phase_seconds(manifest.get("timings"), "job")
         problem.gpu_peak_bytes = non_negative_int(manifest.get("gpu_peak_bytes"))
         problem.gpu_total_bytes = non_negative_int(manifest.get("gpu_total_bytes"))
+        peaks = manifest.get("gpu_step_peaks")
+        problem.gpu_step_peaks = {
+            step: held for step, value in (peaks.items() if isinstance(peaks, dict) else ())
+            if isinstance(step, str) and (held := non_negative_int(value)) is not None}
     seeds = [s for s in (manifest or {}).get("seeds", []) if s.get("native")]
     if not result.ok and len(seeds) < options.seeds:
         phase = (manifest or {}).get("phase") if result.status in ("timeout", "crashed") \

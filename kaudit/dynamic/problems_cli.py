@@ -40,6 +40,7 @@ def stream_line(problem) -> dict:
             "seconds": round(problem.wall_s, 3),
             **({"gpu_wait_s": problem.gpu_wait_s} if problem.gpu_wait_s else {}),
             **({"job_seconds": problem.job_seconds} if problem.job_seconds else {}),
+            **({"gpu_step_peaks": problem.gpu_step_peaks} if problem.gpu_step_peaks else {}),
             **({"started_s": problem.started_s} if problem.started_s is not None else {}),
             **({"retried_alone_on_gpu": True} if problem.retried_alone_on_gpu else {}),
             **{key: value for key in ("gpu_need", "gpu_peak_bytes", "gpu_total_bytes", "gpu_runs")

@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from kaudit.dynamic.harness.counting import count_true
+
 #: dtypes named as torch prints them without the `torch.` prefix
 HALF_DTYPES = ("float16", "bfloat16")
 #: KernelBenchX's defaults for a `precision_thresholds` key a task leaves out
@@ -138,7 +140,7 @@ class Tolerance:
         """The share of elements within this check's bound (1.0 for empty outputs)."""
         if reference.numel() == 0:
             return 1.0
-        return int(self.within(reference, candidate).sum()) / reference.numel()
+        return count_true(self.within(reference, candidate)) / reference.numel()
 
     def accepts(self, reference, candidate) -> bool:
         """This benchmark's verdict on one output (same shapes assumed; a shape mismatch fails

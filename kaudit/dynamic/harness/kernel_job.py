@@ -54,6 +54,7 @@ not capped).
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import random
 import sys
@@ -205,6 +206,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
 
     from . import guard, sentinels
     from .poison import THREAD_START, Poisoner, poison_free_cuda_memory, warm_cuda_cache
+    from .counting import count_where
     from .scaling import scale_input
 
     # captured before any code of the kernel runs: what saves the outputs, and a record of
@@ -324,7 +326,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
                     if device.type == "cuda" else None
                 outputs = _outputs(result, torch, device, info)
                 if early is not None:
-                    differing = sum(int((as_bits(e) != as_bits(o)).sum())
+                    differing = sum(count_where(operator.ne, as_bits(e), as_bits(o))
                                     for e, o in zip(early, outputs))
                     info["side_stream"].append(differing)
                 violations, masks = poisoner.check_guards(outputs)
@@ -372,7 +374,7 @@ def run_candidate(args: dict, out_dir: str) -> dict:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 info["changed_after_return"] = sum(
-                    int((as_bits(r) != as_bits(o)).sum())
+                    count_where(operator.ne, as_bits(r), as_bits(o))
                     for r, o in zip(state_of["plain"], outputs))
             elif kind == "a":
                 _compare_with_first(torch, as_bits, outputs, state_of, info, number + 1, save)

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from .child import import_file, is_oom, phase, write_json
+from .counting import count_where
 from .scaling import scale_input
 
 MANIFEST = "manifest.json"
@@ -63,7 +64,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
 
     manifest: dict[str, Any] = {"phase": "start", "complete": False, "seeds": [], "scales": [],
                                 "fp64_error": None, "torch": torch.__version__, "timings": {},
-                                "files": {}}
+                                "files": {}, "gpu_step_peaks": {}}
     saver = _Saver(torch, out_dir, int(args.get("max_elements", MAX_ELEMENTS)), manifest)
 
     def optional_step_failed(exc: Exception) -> str:
@@ -80,7 +81,10 @@ def run_problem(args: dict, out_dir: str) -> dict:
         if left != "start":
             timings[left] = round(timings.get(left, 0.0) + now - entered, 3)
         if str(manifest.get("device", "")).startswith("cuda"):  # what the GPU share held
-            manifest["gpu_peak_bytes"] = int(torch.cuda.max_memory_reserved())
+            held, peaks = int(torch.cuda.max_memory_reserved()), manifest["gpu_step_peaks"]
+            peaks[left] = max(peaks.get(left, 0), held)  # which step sets the job's peak
+            manifest["gpu_peak_bytes"] = max(peaks.values())
+            torch.cuda.reset_peak_memory_stats()
         manifest["phase"], entered = name, now
         write_json(os.path.join(out_dir, MANIFEST), manifest)
 
@@ -234,8 +238,9 @@ class _Saver:
                     largest = torch.where(key[high].abs() >= key[low].abs(), high, low)
                     extremes = torch.stack([low, high, largest])
                 tensors += [flat[positions].cpu(), flat[extremes].cpu()]
-                entry["nan"] = int(self.isnan(flat).sum()) if flat.is_floating_point() else 0
-                entry["inf"] = int(self.isinf(flat).sum()) if flat.is_floating_point() else 0
+                floating = flat.is_floating_point()
+                entry["nan"] = count_where(self.isnan, flat) if floating else 0
+                entry["inf"] = count_where(self.isinf, flat) if floating else 0
                 del positions, flat
             else:
                 tensors += [output.detach().cpu().contiguous(), torch.zeros(0, dtype=output.dtype)]
