@@ -500,15 +500,51 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
                         lambda paths, *args: sized.append(paths) or real_size(paths, *args))
     sizes = problems.gpu_sizes(files, problems.Options(PRESETS["kernelbench"], device="cuda"))
     assert sized == [files], "one sizing job for all: most of its time is its start"
-    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters
-    inputs, outputs = 2 * 64 * 128 * 4, 64 * 64 * 4
-    # the float64 run's inputs and outputs, or the first inputs while cast
-    peak = max(problems.FLOAT64_INPUTS * inputs + problems.FLOAT64_OUTPUTS * outputs,
-               problems.CAST_INPUTS * inputs)
-    expected = (problems.PEAK_MARGIN * peak + problems.FIXED_BYTES) / total
+    # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters: at most, the
+    # float64 run's inputs beside a native input being cast to float64 (larger than its output)
+    inputs = 2 * 64 * 128 * 4
+    expected = (problems.PEAK_MARGIN * (2 * inputs + inputs) + problems.FIXED_BYTES) / total
     assert list(sizes) == [files[0]], "a problem that cannot be sized is left out"
     assert sizes[files[0]].need == pytest.approx(expected)
     assert sizes[files[0]].flops == 2 * 64 * 128 * 64, "one matmul's multiply-adds, twice"
+
+
+def test_a_problems_peak_is_what_its_job_holds_at_once():
+    """From KernelBench level 1 on the H200, where the job's caching allocator held exactly
+    these: ReLU (a 6 GiB input and output) 24 GiB, Swish (a sigmoid beside its product) 36,
+    2D average pooling (a 16 GiB input, a small output) 48, each in its float64 run."""
+    from kaudit.dynamic.problem_sizing import ProblemSize
+
+    gib = 1 << 30
+
+    def elementwise(made: int) -> ProblemSize:
+        return ProblemSize(0, 6 * gib, 6 * gib, forward=made * gib, params64=0,
+                           inputs64=12 * gib, forward64=2 * made * gib)
+
+    assert problems.job_peak(elementwise(6)) == 24 * gib
+    assert problems.job_peak(elementwise(12)) == 36 * gib
+    pooling = ProblemSize(0, 16 * gib, gib // 8, forward=gib // 8, params64=0,
+                          inputs64=32 * gib, forward64=gib // 4)
+    assert problems.job_peak(pooling) == 48 * gib, "a native input beside its float64 cast"
+    # no float64 run sized: the native runs' inputs, a scaled copy, or what forward makes
+    assert problems.job_peak(ProblemSize(gib, 6 * gib, 6 * gib, forward=9 * gib)) == 16 * gib
+    assert problems.job_peak(ProblemSize(0, 6 * gib, None)) == 12 * gib
+
+
+def test_the_sizing_job_sees_the_temporaries_forward_makes(tmp_path):
+    """Swish's sigmoid lives beside its product: forward holds twice its output at once."""
+    pytest.importorskip("torch", reason="the sizing job needs torch")
+    from kaudit.dynamic.problem_sizing import size_problems
+
+    problem = tmp_path / "swish.py"
+    problem.write_text("import torch\n\nclass Model(torch.nn.Module):\n"
+                       "    def forward(self, x):\n        return x * torch.sigmoid(x)\n\n"
+                       "def get_inputs():\n    return [torch.rand(64, 1024)]\n\n"
+                       "def get_init_inputs():\n    return []\n")
+    size = size_problems([str(problem)], 42)[str(problem)]
+    output = 64 * 1024 * 4
+    assert (size.outputs, size.forward) == (output, 2 * output)
+    assert (size.inputs64, size.forward64) == (2 * output, 4 * output)
 
 
 def test_problems_start_with_the_most_memory_and_work():

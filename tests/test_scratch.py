@@ -361,9 +361,11 @@ def test_a_kernels_audit_reserves_the_disk_its_problem_is_sized_to_write(monkeyp
     problem = str(ROOT / "fixtures" / "problems" / "good_matmul.py")
     size = problem_sizing.size_problems([problem], 42)[problem]
     # (64, 128) and (128, 64) float32 inputs, one (64, 64) float32 output (one matmul), no
-    # parameters
-    assert size == problem_sizing.ProblemSize(0, 2 * 64 * 128 * 4, 64 * 64 * 4, 64 * 64 * 4,
-                                              flops=2 * 64 * 128 * 64)
+    # parameters; in the float64 run, each twice as large
+    inputs, output = 2 * 64 * 128 * 4, 64 * 64 * 4
+    assert size == problem_sizing.ProblemSize(0, inputs, output, output, flops=2 * 64 * 128 * 64,
+                                              forward=output, params64=0, inputs64=2 * inputs,
+                                              forward64=2 * output)
     # inputs A and B, the state, outputs A and B, and per other scale the float64 output, kept
     # in float32 for a float32 output
     assert problem_sizing.reference_writes(size, 2) == 2 * size.inputs + 2 * size.outputs + \
@@ -565,3 +567,8 @@ def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
         forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": 4, "twins": 4,
                                   "flops": forged_flops}
         assert problem_sizing.size_problems([asked], 42)[asked].flops == read
+    # the float64 run's sizes are read whole or not at all
+    forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": 4, "twins": 4, "forward": 4,
+                              "params64": 0, "inputs64": 16, "forward64": -8}
+    size = problem_sizing.size_problems([asked], 42)[asked]
+    assert (size.forward, size.params64, size.inputs64, size.forward64) == (4, None, None, None)

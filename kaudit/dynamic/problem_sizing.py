@@ -23,7 +23,10 @@ SAVE_OVERHEAD = 4096
 class ProblemSize:
     """Bytes of a problem's parameters (and buffers), of one call's inputs and of its outputs;
     of the outputs' float64 twins, of its tensor init inputs, and whether its forward changes
-    its inputs. `outputs` and `twins` are None when only forward failed on the meta device."""
+    its inputs. `outputs` and `twins` are None when only forward failed on the meta device.
+    `forward`: the most bytes forward's tensors hold at once (the outputs included); the
+    float64 run's (`problem_job`) model, inputs and `forward64` likewise, None when that run
+    could not be sized."""
 
     params: int
     inputs: int
@@ -33,6 +36,10 @@ class ProblemSize:
     inputs_changed: bool = False
     #: forward's floating-point operations as torch counts them (None: unknown)
     flops: int | None = None
+    forward: int | None = None
+    params64: int | None = None
+    inputs64: int | None = None
+    forward64: int | None = None
 
 
 def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
@@ -54,16 +61,21 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
         if path not in paths:
             continue  # the job ran problem code: only what was asked, and numbers, are read
         number = {key: non_negative_int(size.get(key) if isinstance(size, dict) else None)
-                  for key in ("params", "inputs", "outputs", "twins", "init", "flops")}
+                  for key in ("params", "inputs", "outputs", "twins", "init", "flops",
+                              "forward", "params64", "inputs64", "forward64")}
         if number["params"] is None or number["inputs"] is None:
             sizes[path] = None
             continue
         known = number["outputs"] is not None and number["twins"] is not None
+        float64 = all(number[key] is not None for key in ("params64", "inputs64", "forward64"))
         sizes[path] = ProblemSize(number["params"], number["inputs"],
                                   number["outputs"] if known else None,
                                   number["twins"] if known else None, number["init"] or 0,
                                   size.get("inputs_changed") is True,
-                                  number["flops"] if known else None)
+                                  number["flops"] if known else None,
+                                  number["forward"] if known else None,
+                                  *((number["params64"], number["inputs64"], number["forward64"])
+                                    if known and float64 else (None, None, None)))
     return sizes
 
 

@@ -32,7 +32,7 @@ from kaudit.dynamic import forkserver, scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
-from kaudit.dynamic.problem_sizing import size_problems
+from kaudit.dynamic.problem_sizing import ProblemSize, size_problems
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
     ProblemResult,
@@ -125,14 +125,8 @@ def model_line(file: str) -> tuple[int, list[str]]:
 
 # -- running ---------------------------------------------------------------------------------
 
-#: a problem job's peak GPU memory in multiples of its model's parameters, its inputs and its
-#: outputs, all in the float64 runs, which come last (`harness/problem_job`): the float64 model;
-#: the first inputs cast to float64 (three times their size while one is cast), or the float64
-#: inputs and outputs with what forward makes on the way; then PEAK_MARGIN for the caching
-#: allocator, and FIXED_BYTES for what no size shows (cuBLAS and cuDNN workspaces). On
-#: KernelBench level 1 on the H200, 96 of 100 problems ran whole at the share this asks; four
-#: losses, whose temporaries no size shows, ran again at twice it.
-FLOAT64_PARAMS, FLOAT64_INPUTS, CAST_INPUTS, FLOAT64_OUTPUTS = 2, 2, 3, 4
+#: a problem job's GPU memory beyond its peak (`job_peak`): PEAK_MARGIN times it for the caching
+#: allocator, and FIXED_BYTES for what no size shows (cuBLAS and cuDNN workspaces)
 PEAK_MARGIN, FIXED_BYTES = 1.25, 1 << 30
 
 
@@ -157,16 +151,25 @@ def gpu_sizes(files: list, options: Options, timeout: float = 120.0) -> dict[str
     memory = gpu_memory(gpus[0]) if gpus and paths else None
     if memory is None or memory.total <= 0:
         return {}
-    found = {}
-    for path, size in size_problems(paths, options.init_seed, timeout).items():
-        if size is None:
-            continue
-        outputs = size.outputs if size.outputs is not None else size.inputs
-        peak = FLOAT64_PARAMS * size.params + max(CAST_INPUTS * size.inputs,
-                                                  FLOAT64_INPUTS * size.inputs
-                                                  + FLOAT64_OUTPUTS * outputs)
-        found[path] = GpuSize((PEAK_MARGIN * peak + FIXED_BYTES) / memory.total, size.flops)
-    return found
+    return {path: GpuSize((PEAK_MARGIN * job_peak(size) + FIXED_BYTES) / memory.total,
+                          size.flops)
+            for path, size in size_problems(paths, options.init_seed, timeout).items()
+            if size is not None}
+
+
+def job_peak(size: ProblemSize) -> int:
+    """The most a problem's job holds at once on the GPU, from its sizes (`harness/problem_job`):
+    in the native runs the model, the inputs and a scaled copy of them, or the inputs and what
+    forward makes; in the float64 runs, which come last (the native model gone), the float64
+    model and inputs beside one native input being cast, or beside what forward makes in
+    float64. On KernelBench level 1 on the H200 this was what the job's caching allocator held
+    at most for 66 of the 100 problems, more for 12, and at most 25 % less for 22 (convolutions'
+    workspaces); the losses' own temporaries (HuberLoss's 8 GiB) no size shows."""
+    made = size.forward if size.forward is not None else size.inputs
+    native = size.params + size.inputs + max(size.inputs, made)
+    if size.forward64 is None or size.params64 is None or size.inputs64 is None:
+        return native
+    return max(native, size.params64 + size.inputs64 + max(size.inputs, size.forward64))
 
 
 def start_order(files: list, sizes: dict[str, GpuSize]) -> list[int]:

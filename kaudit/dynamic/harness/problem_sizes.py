@@ -1,6 +1,7 @@
 """The sizing job: for each problem file, the bytes of its parameters, its inputs and its
-outputs, and its forward's floating-point operations, found on torch's meta device (shapes and
-dtypes, no memory, no GPU), so that the parent can give a problem's job the share of the GPU,
+outputs, the most its forward's tensors hold at once (temporaries and outputs), the same of the
+problem job's float64 run, and its forward's floating-point operations, found on torch's meta
+device (shapes and dtypes, no memory, no GPU), so that the parent can give a problem's job the share of the GPU,
 and a kernel's reference job the temporary disk, it will need before it runs, instead of after
 it ran out; and start the longest problems first.
 
@@ -12,9 +13,11 @@ unknown (`outputs` None) when only its forward failed on the meta device.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 from .child import import_file, phase
+from .problem_job import float64_copy, to_device
 
 
 def size_problems(args: dict, out_dir: str) -> dict:
@@ -31,7 +34,8 @@ def size_problems(args: dict, out_dir: str) -> dict:
 
 def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
     found: dict[str, Any] = {"params": None, "inputs": None, "outputs": None, "twins": None,
-                             "init": None, "flops": None, "inputs_changed": None,
+                             "init": None, "flops": None, "forward": None, "params64": None,
+                             "inputs64": None, "forward64": None, "inputs_changed": None,
                              "error": None}
     try:
         module = import_file(name, path)
@@ -45,9 +49,11 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
         found["inputs"] = _bytes(torch, inputs)
         versions = [v._version for v in inputs if isinstance(v, torch.Tensor)]
         counter = _flop_counter()
-        with torch.no_grad(), counter if counter is not None else contextlib.nullcontext():
+        with torch.no_grad(), counter if counter is not None else contextlib.nullcontext(), \
+                _LiveBytes(torch) as live:
             result = model(*inputs)
         found["flops"] = int(counter.get_total_flops()) if counter is not None else None
+        found["forward"] = live.peak
         found["inputs_changed"] = versions != [v._version for v in inputs
                                                if isinstance(v, torch.Tensor)]
         outputs = [v for v in (result if isinstance(result, (list, tuple)) else [result])
@@ -60,7 +66,74 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
                              for v in outputs)
     except Exception as exc:  # noqa: BLE001 - an unsized problem runs as before
         found["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return found
+    try:
+        found.update(_float64_run(torch, model, inputs))
+    except Exception as exc:  # noqa: BLE001 - the problem job's float64 runs are optional too
+        found["error"] = f"float64: {type(exc).__name__}: {str(exc)[:300]}"
     return found
+
+
+def _float64_run(torch: Any, model: Any, inputs: list) -> dict[str, int]:
+    """The bytes of the problem job's float64 run (`problem_job`): of the model's float64 copy,
+    of the inputs cast as the job casts them, and the most that forward makes in float64 and
+    holds at once (the outputs included), on the meta device."""
+    model64, error = float64_copy(model, torch)
+    if model64 is None:
+        raise RuntimeError(error)
+    inputs64 = to_device(inputs, torch.device("meta"), torch.float64, torch)
+    with torch.no_grad(), _LiveBytes(torch) as live:
+        model64(*inputs64)
+    return {"params64": _bytes(torch, [*model64.parameters(), *model64.buffers()]),
+            "inputs64": _bytes(torch, inputs64), "forward64": live.peak}
+
+
+class _LiveBytes:
+    """A dispatch mode counting the bytes of the tensors forward makes while they live (views
+    and in-place results not counted again; a tensor's views keep it alive): `peak` is the most
+    alive at once, the outputs included. What an operator allocates inside its own kernel (a
+    workspace) is not seen."""
+
+    def __init__(self, torch: Any) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        counter = self
+        self.live = self.peak = 0
+
+        def storages(values: Any) -> set:
+            return {v.untyped_storage()._cdata for v in tree_leaves(values)
+                    if isinstance(v, torch.Tensor)}
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                given, seen = storages((args, kwargs)), set()
+                for value in tree_leaves(result):  # a view or an in-place result: not new
+                    if isinstance(value, torch.Tensor):
+                        storage = value.untyped_storage()._cdata
+                        if storage not in given and storage not in seen:
+                            seen.add(storage)
+                            counter.made(value)
+                return result
+
+        self.mode = Mode()
+
+    def made(self, tensor: Any) -> None:
+        size = tensor.untyped_storage().nbytes()
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(tensor, self.freed, size)
+
+    def freed(self, size: int) -> None:
+        self.live -= size
+
+    def __enter__(self) -> _LiveBytes:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
 
 
 def _flop_counter() -> Any:
