@@ -238,6 +238,63 @@ def test_the_next_job_of_a_kernel_starts_where_the_last_one_fit():
     assert other.fractions == [0.1], "another kernel's claim starts at its share"
 
 
+class FakeGatedLaunch(FakeLaunch):
+    """A gated job's process: started before its GPU memory is granted, it takes its cap
+    through the gate, which holds the GPU's lock until it ends."""
+
+    def __init__(self, *statuses: str) -> None:
+        super().__init__(*statuses)
+        self.started_unlocked: list[bool] = []
+
+    def __call__(self, job: Job, gate) -> RunResult:
+        assert "gpu_memory_fraction" not in job.args, "the cap comes through the gate"
+        self.started_unlocked.append(shared_lock_free())
+        with gate() as granted:
+            return super().__call__(dataclasses.replace(job, args={**job.args, **granted}))
+
+
+def test_a_gated_job_starts_before_its_memory_is_granted():
+    """The problem job makes its CUDA context, imports its problem and builds its model on the
+    CPU while it waits for memory; the ladder and the lock are as for any job."""
+    launch = FakeGatedLaunch(OOM, OK)
+    result = gpu_share.run_claimed(Job("x:y", gated=True), GpuClaim("0", 0.1), launch)
+    assert result.ok and result.gpu_runs == 2
+    assert launch.started_unlocked == [True, True], "each run started before it took the lock"
+    assert launch.alone == [False, False] and launch.fractions == [0.1, WIDE_SHARE]
+
+
+@pytest.mark.parametrize("fork_server", ["1", "0"])
+def test_a_gated_job_waits_for_its_gate_and_holds_it_until_it_ends(monkeypatch, fork_server):
+    """A real problem job (on the CPU), forked by the fork server or in a fresh interpreter: it
+    goes on only once the gate is entered, and the gate is left only after the job ended."""
+    pytest.importorskip("torch", reason="the problem job needs torch")
+    monkeypatch.setenv("KAUDIT_FORKSERVER", fork_server)
+    import contextlib
+
+    entered, left = [], []
+
+    @contextlib.contextmanager
+    def gate():
+        time.sleep(0.5)  # the job, started, waits meanwhile
+        entered.append(time.monotonic())
+        yield {}
+        left.append(time.monotonic())
+
+    job = Job(problems.JOB_TARGET, {
+        "path": str(ROOT / "fixtures" / "problems" / "good_matmul.py"), "device": "cpu",
+        "seeds": [0], "init_seed": 42, "scales": []}, timeout=120, gated=True)
+    started = time.monotonic()
+    with runner._run_once(job, gate) as result:
+        ended = time.monotonic()
+        assert result.ok, result.describe()
+        if fork_server == "1":  # a fresh interpreter may still be importing torch at 0.5 s
+            assert result.value["timings"]["go"] >= 0.2, "it waited for the gate"
+        timings = result.value["timings"]
+        assert entered[0] - started >= 0.5 and left[0] <= ended
+        assert left[0] - entered[0] >= timings["forward"] + timings["save"], \
+            "held while the job ran"
+
+
 def test_a_last_out_of_memory_failure_is_reported_with_what_was_free(monkeypatch):
     monkeypatch.setattr(gpu_share, "_nvidia_smi", lambda: {
         "0": GpuMemory("GPU-aaaa", 100 << 30, 140 << 30)})
@@ -323,12 +380,14 @@ def problems_on_a_fake_gpu(monkeypatch):
     real = runner._run_once
     state = {"fail": 0, "launches": []}
 
-    def launch(job: Job) -> RunResult:
-        state["launches"].append(not shared_lock_free())
-        if len(state["launches"]) <= state["fail"]:
-            return RunResult(OOM, phase="forward", error_type="OutOfMemoryError",
-                             error="CUDA out of memory. Tried to allocate 2.00 MiB")
-        result = real(dataclasses.replace(job, args={**job.args, "device": "cpu"}))
+    def launch(job: Job, gate=None) -> RunResult:
+        assert job.gated and gate is not None, "a problem's job waits for its memory, started"
+        with gate() as granted:
+            state["launches"].append(not shared_lock_free())
+            if len(state["launches"]) <= state["fail"]:
+                return RunResult(OOM, phase="forward", error_type="OutOfMemoryError",
+                                 error="CUDA out of memory. Tried to allocate 2.00 MiB")
+            result = real(dataclasses.replace(job, args={**job.args, **granted, "device": "cpu"}))
         state.setdefault("statuses", []).append(result.status)
         return result
 

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -74,6 +74,9 @@ class Launch:
     stdout: Path
     stderr: Path
     timeout: float
+    #: entered once the child has started and held until it ends (`runner`: a job that waits,
+    #: started, for its GPU memory); the timeout runs from when it was entered
+    gate: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
 
 
 class Exit(NamedTuple):
@@ -99,8 +102,10 @@ def launch(job: Launch) -> Exit:
                              "env": dict(job.env), "stdout": str(job.stdout),
                              "stderr": str(job.stderr)})
     try:
-        return pending.wait(server, job.timeout)
+        with job.gate():
+            return pending.wait(server, job.timeout)
     finally:
+        pending.stop()  # a gate that failed left it waiting
         server.finish(pending)
 
 

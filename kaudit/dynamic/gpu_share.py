@@ -275,37 +275,45 @@ def looks_oom(result: Any) -> bool:
     return False
 
 
-def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
+def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     """Run `job` (a `runner.Job`) with `launch` on its GPU under a shared lock; a failure that
     looks like out of memory runs again with `WIDE_SHARE`, then alone under the exclusive lock
     (see the module's docstring). The last result is the one returned, with `gpu_wait_s` (time
     spent waiting for memory and locks) and, after a failure alone, `gpu_note` saying what was
-    free."""
-    waited, runs = 0.0, 0
+    free. A gated job (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its
+    memory and locks through the gate once it is ready; another job takes them before
+    `launch(job)`."""
+    waited, runs, caps = 0.0, 0, []
 
-    def capped(share: float | None) -> Any:  # share None: alone on the GPU
+    def run(share: float | None, *holds: Any, before: Callable[[], None] = lambda: None) -> Any:
+        """One run at `share` of the GPU (None: alone on it), holding `holds` while it runs."""
         nonlocal runs
         runs += 1
-        alone = share is None
-        args = {**job.args,
-                "gpu_memory_fraction": job_fraction(claim.device, share or GPU_MEMORY_SHARE),
-                # a run that will be repeated with more memory may stop at its first shortage
-                "gpu_last_try": alone}
+        # a run that will be repeated with more memory may stop at its first shortage
+        args = {**job.args, "gpu_last_try": share is None}
         if "schedule_seed" in args and share != claim.share:
             # a candidate's later run does not repeat the first one's call order (the first
             # may have left notes in its build folder)
             args["schedule_seed"] = secrets.randbits(48)
-        return dataclasses.replace(job, args=args)
+        capped = dataclasses.replace(job, args=args)
 
-    @contextlib.contextmanager
-    def timed(*holds: Any) -> Iterator[None]:
-        nonlocal waited
-        started = time.monotonic()
-        with contextlib.ExitStack() as stack:
-            for hold in holds:
-                stack.enter_context(hold)
-            waited += time.monotonic() - started
-            yield
+        @contextlib.contextmanager
+        def granted() -> Iterator[dict]:
+            nonlocal waited
+            started = time.monotonic()
+            with contextlib.ExitStack() as stack:
+                for hold in holds:
+                    stack.enter_context(hold)
+                before()
+                waited += time.monotonic() - started
+                # measured now: the cap follows what is free when it runs
+                caps.append(job_fraction(claim.device, share or GPU_MEMORY_SHARE))
+                yield {"gpu_memory_fraction": caps[-1]}
+
+        if job.gated:
+            return launch(capped, granted)
+        with granted() as cap:
+            return launch(dataclasses.replace(capped, args={**args, **cap}))
 
     def finish(result: Any) -> Any:
         result.gpu_wait_s, result.gpu_runs = round(waited, 3), runs
@@ -319,23 +327,26 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[[Any], Any]) -> Any:
     for step, share in enumerate(shares):
         if step < claim.step:
             continue
-        with timed(ledger(claim.device).reserve(share, wide=share != claim.share),
-                   holding(claim.device, exclusive=False)):
-            result = launch(capped(share))
+        result = run(share, ledger(claim.device).reserve(share, wide=share != claim.share),
+                     holding(claim.device, exclusive=False))
         if not looks_oom(result):
             claim.step = step
             return finish(result)
         result.close()
     claim.step = len(shares)
-    with timed(holding(claim.device, exclusive=True)):
+    memory: list[GpuMemory | None] = []
+
+    def measured() -> None:
         forget_measurements()  # what the neighbours held is free now
-        job_alone = capped(None)
-        memory = gpu_memory(claim.device)
-        second = launch(job_alone)
+        memory.append(gpu_memory(claim.device))
+
+    second = run(None, holding(claim.device, exclusive=True), before=measured)
     second.retried_alone = True
     if looks_oom(second):
-        free = f"{memory.free / (1 << 30):.1f} GiB free of {memory.total / (1 << 30):.1f} GiB" \
-            if memory is not None else "free memory unknown"
+        free = memory[-1] if memory else None
+        state = f"{free.free / (1 << 30):.1f} GiB free of {free.total / (1 << 30):.1f} GiB" \
+            if free is not None else "free memory unknown"
+        cap = f"{caps[-1]:g}" if caps else "unknown"
         second.gpu_note = (f" (run again alone on GPU {claim.device}, no other kaudit job on it, "
-                           f"{free}, cap {job_alone.args['gpu_memory_fraction']:g} of it)")
+                           f"{state}, cap {cap} of it)")
     return finish(second)

@@ -276,7 +276,7 @@ def audit_problems(paths: Iterable[str], options: Options,
                         "scales": list(options.scales), "max_elements": options.max_elements},
                         timeout=options.timeout, seed=options.init_seed, memory_limit=memory,
                         cpu_limit=cpu_seconds, visible=(os.path.dirname(os.path.abspath(file)),),
-                        gpu=gpu)))
+                        gpu=gpu, gated=gpu is not None)))
                 judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
                 problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)

@@ -48,12 +48,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,8 +76,13 @@ FILE_SIZE_LIMIT = 64 << 30
 PROCESS_LIMIT = 4096
 #: what a job's folder holds
 FOLDERS = ("work", "out", "tmp", "lib")
+#: the file in a gated job's working folder that lets it go on (`Job.gated`)
+GO_FILE = "go.json"
 
 OK, ERROR, OOM, TIMEOUT, CRASHED = "ok", "error", "oom", "timeout", "crashed"
+#: what a gated job waits for (`Job.gated`): entered once it started, it yields the arguments
+#: the job goes on with and is held until the job ends
+Gate = Callable[[], contextlib.AbstractContextManager[dict]]
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,10 @@ class Job:
     #: the room its audit reserved on the scan's temporary disk (`scratch.reserve`): its folder
     #: is charged to it, and it may write what is left of it; None: what is left of the limit
     disk: scratch.Reservation | None = None
+    #: on a GPU, the job starts before its share of the GPU's memory is granted and waits for
+    #: it (`args["go"]`, a file its cap comes in): its process start, CUDA context and what it
+    #: does on the CPU first run while it waits (the problem job)
+    gated: bool = False
 
 
 @dataclass
@@ -363,14 +373,15 @@ def run_job(job: Job) -> RunResult:
             seconds[kind] = seconds.get(kind, 0.0) + time.monotonic() - started
 
 
-def _run_once(job: Job) -> RunResult:
-    """One run of `job`."""
+def _run_once(job: Job, gate: Gate | None = None) -> RunResult:
+    """One run of `job`; with a `gate` (a gated job), started at once and told to go on, with
+    the arguments the gate grants, when the gate is entered."""
     sandbox.protect_parent()
     confined = sandbox.active()
     root = scratch.folder()
     cgroup = sandbox.job_cgroup(job.memory_limit)
     try:
-        result = _run(job, root, confined, cgroup)
+        result = _run(job, root, confined, cgroup, gate)
         # every run's phases, a run that ran out of GPU memory before its retry included
         for name, seconds in phase_seconds(result.phases, _kind(job.target)).items():
             add_job_seconds(name, seconds)
@@ -383,7 +394,8 @@ def _run_once(job: Job) -> RunResult:
             cgroup.remove()
 
 
-def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None) -> RunResult:
+def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
+         gate: Gate | None) -> RunResult:
     work, out, tmp, lib = (root / name for name in FOLDERS)
     for folder in (work, out, tmp, lib):
         folder.mkdir()
@@ -391,6 +403,8 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     writable = [str(work), str(out), str(tmp), *job.writable]
     visible = [str(lib), *job.visible]
     args = dict(job.args)
+    if gate is not None:  # in its working folder, which it sees with or without the sandbox
+        args["go"] = GO_FILE
     if job.inputs is not None:
         job.inputs.check()
         visible.append(str(job.inputs.folder))
@@ -421,8 +435,10 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     result = RunResult(status=CRASHED, out_dir=out, _root=root)
     started = time.monotonic()
     try:
-        end = sandbox.launch(Launch(spec=spec_path, cwd=work, lib=lib, env=env,
-                                    stdout=stdout_path, stderr=stderr_path, timeout=job.timeout))
+        end = sandbox.launch(Launch(
+            spec=spec_path, cwd=work, lib=lib, env=env, stdout=stdout_path, stderr=stderr_path,
+            timeout=job.timeout,
+            **({"gate": functools.partial(_go, gate, work)} if gate is not None else {})))
     except OSError as exc:
         result.status, result.error_type, result.error = CRASHED, type(exc).__name__, str(exc)
         result.errno = getattr(exc, "errno", None)
@@ -438,6 +454,17 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None)
     _check_temp_limit(result, root, job.disk,
                       file_size_limit if file_size_limit < job.file_size_limit else None)
     return result
+
+
+@contextlib.contextmanager
+def _go(gate: Gate, work: Path) -> Iterator[None]:
+    """Enter `gate`, then hand what it granted to the waiting job (`GO_FILE`, written whole
+    before it appears), and hold the gate until the job ends."""
+    with gate() as granted:
+        written = work / f".{GO_FILE}"
+        written.write_text(json.dumps(granted), encoding="utf-8")
+        os.replace(written, work / GO_FILE)
+        yield
 
 
 def _check_temp_limit(result: RunResult, root: Path, disk: scratch.Reservation | None,

@@ -203,7 +203,8 @@ def _launch_plain(job: Launch) -> Exit:
         _plain.add(process.pid)
     try:
         try:
-            process.wait(timeout=job.timeout)
+            with job.gate():
+                process.wait(timeout=job.timeout)
             return Exit(process.returncode, timed_out=False)
         except subprocess.TimeoutExpired:
             _stop(process)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import time
 from typing import Any
@@ -44,6 +45,8 @@ MAX_ELEMENTS = 1 << 22
 SAMPLE_SEED = 20251129
 #: bytes of each input tensor hashed to tell whether inputs change with the seed
 DIGEST_BYTES = 1 << 22
+#: seconds between looks for the parent's go (`_wait_for_go`)
+GO_POLL = 0.002
 
 
 class ProblemFormatError(Exception):
@@ -96,6 +99,7 @@ def run_problem(args: dict, out_dir: str) -> dict:
                 raise RuntimeError("CUDA requested but torch.cuda.is_available() is False")
             manifest["device_name"] = torch.cuda.get_device_name(device)
             manifest["gpu_total_bytes"] = int(torch.cuda.get_device_properties(device).total_memory)
+            torch.cuda.synchronize(device)  # its CUDA context, made before it waits for memory
             if args.get("gpu_memory_fraction"):  # the share the parent gave this job
                 torch.cuda.set_per_process_memory_fraction(float(args["gpu_memory_fraction"]))
         else:
@@ -113,6 +117,11 @@ def run_problem(args: dict, out_dir: str) -> dict:
         reference64, fp64_error = float64_copy(model, torch) if args.get("fp64", True) \
             else (None, "float64 run disabled")
         manifest["fp64_error"] = fp64_error
+    if args.get("go"):  # all this on the CPU until its share of the GPU is granted
+        step("go")
+        _wait_for_go(str(args["go"]), torch)
+        step("init")
+    with phase("init"):
         model = model.to(device)
         _synchronize(torch, device)
 
@@ -255,6 +264,17 @@ class _Saver:
             self.positions[numel] = self.torch.randint(numel, (self.max_elements,),
                                                        generator=generator)
         return self.positions[numel]
+
+
+def _wait_for_go(path: str, torch: Any) -> None:
+    """Wait for the parent to grant the job its share of the GPU (`runner.Job.gated`: the file
+    `path`, written whole before it appears), then cap the caching allocator to it."""
+    while not os.path.exists(path):
+        time.sleep(GO_POLL)
+    with open(path, encoding="utf-8") as file:
+        granted = json.load(file)
+    if granted.get("gpu_memory_fraction"):
+        torch.cuda.set_per_process_memory_fraction(float(granted["gpu_memory_fraction"]))
 
 
 def _import_problem(path: str) -> Any:
