@@ -293,6 +293,8 @@ def test_a_gated_job_waits_for_its_gate_and_holds_it_until_it_ends(monkeypatch, 
         assert entered[0] - started >= 0.5 and left[0] <= ended
         assert left[0] - entered[0] >= timings["forward"] + timings["save"], \
             "held while the job ran"
+        assert not (result.root / "work" / runner.GO_FILE).exists(), \
+            "gone with the gate: a job started again waits for it again"
 
 
 def test_a_last_out_of_memory_failure_is_reported_with_what_was_free(monkeypatch):

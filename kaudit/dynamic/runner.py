@@ -459,12 +459,17 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
 @contextlib.contextmanager
 def _go(gate: Gate, work: Path) -> Iterator[None]:
     """Enter `gate`, then hand what it granted to the waiting job (`GO_FILE`, written whole
-    before it appears), and hold the gate until the job ends."""
+    before it appears), and hold the gate until the job ends; the file goes with it, so that the
+    job started again in a fresh interpreter (its fork server died) waits for the gate again."""
     with gate() as granted:
         written = work / f".{GO_FILE}"
         written.write_text(json.dumps(granted), encoding="utf-8")
         os.replace(written, work / GO_FILE)
-        yield
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                (work / GO_FILE).unlink()
 
 
 def _check_temp_limit(result: RunResult, root: Path, disk: scratch.Reservation | None,
