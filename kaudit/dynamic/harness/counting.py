@@ -3,8 +3,8 @@
 torch's `.sum()` of a boolean tensor first makes an int64 copy of it, eight bytes an element:
 beside a float64 output of KernelBench level 1 (1.6e9 elements) that copy was 12 GiB, and it
 set the peak of the problems job (36 GiB where the output and its inputs took 24). Shared by the
-jobs (on the GPU) and by kaudit's process (on the CPU). Imports nothing but torch's tensors'
-own methods, so that a job may use it after problem code ran."""
+jobs (on the GPU) and by the parent process (on the CPU); it imports nothing and calls only the
+tensors' own methods."""
 
 from __future__ import annotations
 
