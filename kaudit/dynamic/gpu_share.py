@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import re
@@ -285,8 +286,11 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     `launch(job)`."""
     waited, runs, caps = 0.0, 0, []
 
-    def run(share: float | None, *holds: Any, before: Callable[[], None] = lambda: None) -> Any:
-        """One run at `share` of the GPU (None: alone on it), holding `holds` while it runs."""
+    def run(share: float | None, *holds: Callable[[], Any],
+            before: Callable[[], None] = lambda: None) -> Any:
+        """One run at `share` of the GPU (None: alone on it), holding what `holds` make while it
+        runs (made anew each time the gate is entered: a job whose fork server died with it is
+        started again in a fresh interpreter, through the same gate)."""
         nonlocal runs
         runs += 1
         # a run that will be repeated with more memory may stop at its first shortage
@@ -303,9 +307,9 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
             started = time.monotonic()
             with contextlib.ExitStack() as stack:
                 for hold in holds:
-                    stack.enter_context(hold)
-                before()
+                    stack.enter_context(hold())
                 waited += time.monotonic() - started
+                before()
                 # measured now: the cap follows what is free when it runs
                 caps.append(job_fraction(claim.device, share or GPU_MEMORY_SHARE))
                 yield {"gpu_memory_fraction": caps[-1]}
@@ -327,8 +331,10 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     for step, share in enumerate(shares):
         if step < claim.step:
             continue
-        result = run(share, ledger(claim.device).reserve(share, wide=share != claim.share),
-                     holding(claim.device, exclusive=False))
+        result = run(share,
+                     functools.partial(ledger(claim.device).reserve, share,
+                                       wide=share != claim.share),
+                     functools.partial(holding, claim.device, exclusive=False))
         if not looks_oom(result):
             claim.step = step
             return finish(result)
@@ -340,13 +346,14 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
         forget_measurements()  # what the neighbours held is free now
         memory.append(gpu_memory(claim.device))
 
-    second = run(None, holding(claim.device, exclusive=True), before=measured)
+    second = run(None, functools.partial(holding, claim.device, exclusive=True),
+                 before=measured)
     second.retried_alone = True
     if looks_oom(second):
         free = memory[-1] if memory else None
         state = f"{free.free / (1 << 30):.1f} GiB free of {free.total / (1 << 30):.1f} GiB" \
             if free is not None else "free memory unknown"
         cap = f"{caps[-1]:g}" if caps else "unknown"
-        second.gpu_note = (f" (run again alone on GPU {claim.device}, no other kaudit job on it, "
-                           f"{state}, cap {cap} of it)")
+        second.gpu_note = (f" (run again alone on GPU {claim.device}, no other kaudit job "
+                           f"running on it, {state}, cap {cap} of it)")
     return finish(second)

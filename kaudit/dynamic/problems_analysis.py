@@ -13,7 +13,7 @@ from typing import Any
 from kaudit.dynamic.limits import memory_note
 from kaudit.dynamic.problem_sizing import non_negative_int
 from kaudit.dynamic.problem_results import Options, ProblemResult
-from kaudit.dynamic.runner import OutputError, RunResult, phase_seconds
+from kaudit.dynamic.runner import MAX_PHASES, OutputError, RunResult, phase_seconds
 from kaudit.dynamic.tolerance import Tolerance
 from kaudit.findings import Location
 from kaudit.rule import rule_by_code
@@ -50,9 +50,10 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
         problem.job_seconds = phase_seconds(manifest.get("timings"), "job")
         problem.gpu_peak_bytes = non_negative_int(manifest.get("gpu_peak_bytes"))
         problem.gpu_total_bytes = non_negative_int(manifest.get("gpu_total_bytes"))
-        peaks = manifest.get("gpu_step_peaks")
+        peaks = manifest.get("gpu_step_peaks")  # bounded as the steps' seconds are
         problem.gpu_step_peaks = {
-            step: held for step, value in (peaks.items() if isinstance(peaks, dict) else ())
+            step[:40]: held for step, value
+            in list(peaks.items() if isinstance(peaks, dict) else ())[:MAX_PHASES]
             if isinstance(step, str) and (held := non_negative_int(value)) is not None}
     seeds = [s for s in (manifest or {}).get("seeds", []) if s.get("native")]
     if not result.ok and len(seeds) < options.seeds:

@@ -51,6 +51,7 @@ import errno
 import functools
 import json
 import os
+import secrets
 import signal
 import threading
 import time
@@ -76,8 +77,8 @@ FILE_SIZE_LIMIT = 64 << 30
 PROCESS_LIMIT = 4096
 #: what a job's folder holds
 FOLDERS = ("work", "out", "tmp", "lib")
-#: the file in a gated job's working folder that lets it go on (`Job.gated`)
-GO_FILE = "go.json"
+#: the file that lets a gated job go on (`Job.gated`), in a folder of its own
+GATE_FOLDER, GO_FILE = "gate", "go.json"
 
 OK, ERROR, OOM, TIMEOUT, CRASHED = "ok", "error", "oom", "timeout", "crashed"
 #: what a gated job waits for (`Job.gated`): entered once it started, it yields the arguments
@@ -115,8 +116,9 @@ class Job:
     #: is charged to it, and it may write what is left of it; None: what is left of the limit
     disk: scratch.Reservation | None = None
     #: on a GPU, the job starts before its share of the GPU's memory is granted and waits for
-    #: it (`args["go"]`, a file its cap comes in): its process start, CUDA context and what it
-    #: does on the CPU first run while it waits (the problem job)
+    #: it, having run no code of its problem (`args["go"]`, a file its cap comes in, in a
+    #: folder it sees read-only): its process start and CUDA context are made meanwhile (the
+    #: problem job)
     gated: bool = False
 
 
@@ -403,8 +405,11 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
     writable = [str(work), str(out), str(tmp), *job.writable]
     visible = [str(lib), *job.visible]
     args = dict(job.args)
-    if gate is not None:  # in its working folder, which it sees with or without the sandbox
-        args["go"] = GO_FILE
+    if gate is not None:  # in a folder of kaudit's, which the job sees read-only
+        gated = root / GATE_FOLDER
+        gated.mkdir()
+        visible.append(str(gated))
+        args["go"] = str(gated / GO_FILE)
     if job.inputs is not None:
         job.inputs.check()
         visible.append(str(job.inputs.folder))
@@ -438,7 +443,8 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
         end = sandbox.launch(Launch(
             spec=spec_path, cwd=work, lib=lib, env=env, stdout=stdout_path, stderr=stderr_path,
             timeout=job.timeout,
-            **({"gate": functools.partial(_go, gate, work)} if gate is not None else {})))
+            **({"gate": functools.partial(_go, gate, root / GATE_FOLDER)}
+               if gate is not None else {})))
     except OSError as exc:
         result.status, result.error_type, result.error = CRASHED, type(exc).__name__, str(exc)
         result.errno = getattr(exc, "errno", None)
@@ -457,19 +463,25 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
 
 
 @contextlib.contextmanager
-def _go(gate: Gate, work: Path) -> Iterator[None]:
-    """Enter `gate`, then hand what it granted to the waiting job (`GO_FILE`, written whole
-    before it appears), and hold the gate until the job ends; the file goes with it, so that the
-    job started again in a fresh interpreter (its fork server died) waits for the gate again."""
+def _go(gate: Gate, folder: Path) -> Iterator[None]:
+    """Enter `gate`, then hand what it granted to the waiting job (`GO_FILE` in `folder`,
+    written whole before it appears), and hold the gate until the job ends; the file goes with
+    it, so that the job started again in a fresh interpreter (its fork server died) waits for
+    the gate again. The job ran problem code before: without the sandbox it may have put a link
+    or a FIFO in `folder`, so the file is made new under a name it cannot guess, never opened
+    through what is there."""
     with gate() as granted:
-        written = work / f".{GO_FILE}"
-        written.write_text(json.dumps(granted), encoding="utf-8")
-        os.replace(written, work / GO_FILE)
+        written = folder / f".{secrets.token_hex(8)}"
+        descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_NONBLOCK, 0o644)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(json.dumps(granted))
+        os.replace(written, folder / GO_FILE)
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
-                (work / GO_FILE).unlink()
+                (folder / GO_FILE).unlink()
 
 
 def _check_temp_limit(result: RunResult, root: Path, disk: scratch.Reservation | None,

@@ -19,6 +19,8 @@ def count_where(test: Callable[..., Any], *tensors: Any) -> int:
     """How many elements `test` (elementwise, on slices of equal length) holds for, over the
     flattened `tensors` (all of one number of elements). One synchronisation at the end."""
     flats = [tensor.reshape(-1) for tensor in tensors]
+    if len({flat.numel() for flat in flats}) > 1:
+        raise ValueError(f"counting over tensors of {[f.numel() for f in flats]} elements")
     total = None
     for start in range(0, flats[0].numel(), SLICE):
         part = test(*(flat[start:start + SLICE] for flat in flats)).sum()

@@ -105,6 +105,9 @@ def run_problem(args: dict, out_dir: str) -> dict:
         else:
             manifest["device_name"] = "cpu"
         manifest["device"] = str(device)
+    if args.get("go"):  # its CUDA context made and no problem code run: it waits for its share
+        step("go")
+        _wait_for_go(str(args["go"]), device, torch)
     step("import")
     with phase("import"):
         module = _import_problem(args["path"])
@@ -117,11 +120,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
         reference64, fp64_error = float64_copy(model, torch) if args.get("fp64", True) \
             else (None, "float64 run disabled")
         manifest["fp64_error"] = fp64_error
-    if args.get("go"):  # all this on the CPU until its share of the GPU is granted
-        step("go")
-        _wait_for_go(str(args["go"]), torch)
-        step("init")
-    with phase("init"):
         model = model.to(device)
         _synchronize(torch, device)
 
@@ -266,14 +264,14 @@ class _Saver:
         return self.positions[numel]
 
 
-def _wait_for_go(path: str, torch: Any) -> None:
+def _wait_for_go(path: str, device: Any, torch: Any) -> None:
     """Wait for the parent to grant the job its share of the GPU (`runner.Job.gated`: the file
     `path`, written whole before it appears), then cap the caching allocator to it."""
     while not os.path.exists(path):
         time.sleep(GO_POLL)
     with open(path, encoding="utf-8") as file:
         granted = json.load(file)
-    if granted.get("gpu_memory_fraction"):
+    if device.type == "cuda" and granted.get("gpu_memory_fraction"):
         torch.cuda.set_per_process_memory_fraction(float(granted["gpu_memory_fraction"]))
 
 

@@ -89,10 +89,11 @@ def _float64_run(torch: Any, model: Any, inputs: list) -> dict[str, int]:
 
 
 class _LiveBytes:
-    """A dispatch mode counting the bytes of the tensors forward makes while they live (views
-    and in-place results not counted again; a tensor's views keep it alive): `peak` is the most
-    alive at once, the outputs included. What an operator allocates inside its own kernel (a
-    workspace) is not seen."""
+    """A dispatch mode counting the bytes of the storages forward makes while any tensor holds
+    them (views, detached tensors and in-place results share their storage, and keep it alive):
+    `peak` is the most alive at once, the outputs included. Storages forward was given (the
+    parameters, the inputs) are not counted; what an operator allocates inside its own kernel
+    (a workspace, a temporary) is not seen."""
 
     def __init__(self, torch: Any) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -100,33 +101,44 @@ class _LiveBytes:
 
         counter = self
         self.live = self.peak = 0
-
-        def storages(values: Any) -> set:
-            return {v.untyped_storage()._cdata for v in tree_leaves(values)
-                    if isinstance(v, torch.Tensor)}
+        #: each storage forward made: [its bytes, the tensors holding it]
+        self.storages: dict[int, list[int]] = {}
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 result = func(*args, **(kwargs or {}))
-                given, seen = storages((args, kwargs)), set()
-                for value in tree_leaves(result):  # a view or an in-place result: not new
+                given = {v.untyped_storage()._cdata for v in tree_leaves((args, kwargs))
+                         if isinstance(v, torch.Tensor)}
+                for value in tree_leaves(result):
                     if isinstance(value, torch.Tensor):
-                        storage = value.untyped_storage()._cdata
-                        if storage not in given and storage not in seen:
-                            seen.add(storage)
-                            counter.made(value)
+                        counter.holds(value, given)
                 return result
 
         self.mode = Mode()
 
-    def made(self, tensor: Any) -> None:
-        size = tensor.untyped_storage().nbytes()
-        self.live += size
+    def holds(self, tensor: Any, given: set[int]) -> None:
+        """`tensor`, a result, holds its storage until it is collected: a new storage is
+        counted, a given one not (unless forward made it); one resized in place is counted at
+        its new size."""
+        storage = tensor.untyped_storage()
+        key, size = storage._cdata, storage.nbytes()
+        entry = self.storages.get(key)
+        if entry is None:
+            if key in given:
+                return
+            entry = self.storages[key] = [0, 0]
+        self.live += size - entry[0]
         self.peak = max(self.peak, self.live)
-        weakref.finalize(tensor, self.freed, size)
+        entry[0] = size
+        entry[1] += 1
+        weakref.finalize(tensor, self.released, key)
 
-    def freed(self, size: int) -> None:
-        self.live -= size
+    def released(self, key: int) -> None:
+        entry = self.storages[key]
+        entry[1] -= 1
+        if not entry[1]:
+            self.live -= entry[0]
+            del self.storages[key]
 
     def __enter__(self) -> _LiveBytes:
         self.mode.__enter__()
