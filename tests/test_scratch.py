@@ -542,6 +542,21 @@ def test_a_problem_that_cannot_be_sized_is_none_and_a_failed_sizing_is_tried_aga
     assert len(calls) == 2, "unsizable is remembered; a failed job is not"
 
 
+def test_a_problem_that_hangs_the_sizing_job_keeps_the_sizes_before_it(tmp_path):
+    """Level 1 is sized in one job: a problem that hangs it (or crashes it) leaves the problems
+    sized before it sized, and those after it unsized (they ask their part of the GPU)."""
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    from kaudit.dynamic import problem_sizing
+
+    good = str(ROOT / "fixtures" / "problems" / "good_matmul.py")
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    after = tmp_path / "after.py"
+    after.write_text(Path(good).read_text())
+    sizes = problem_sizing.size_problems([good, str(hangs), str(after)], 42, timeout=8)
+    assert list(sizes) == [good] and sizes[good].inputs == 2 * 64 * 128 * 4
+
+
 def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
     """The sizing job runs problem code, and a record-based tree (CUDA-L1, JSONL) supplies that
     code: its answer may be forged. Only the paths asked are read, and only non-negative

@@ -12,7 +12,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kaudit.dynamic.runner import Job, run_job
+from kaudit.dynamic.harness.problem_sizes import SIZES_FILE
+from kaudit.dynamic.runner import Job, RunResult, run_job
 
 SIZES_TARGET = "problem_sizes:size_problems"
 #: what `torch.save` adds to a file besides its tensors' bytes (about 1.5 kB measured), rounded up
@@ -45,7 +46,8 @@ class ProblemSize:
 def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
                   ) -> dict[str, ProblemSize | None]:
     """The sizes of the problem files `paths` (absolute), from one job on the CPU: None for a
-    problem the job could not size; a problem is missing when the job itself failed."""
+    problem the job could not size; a problem is missing when the job failed before it (one
+    that hangs or crashes the job keeps the sizes of those before it)."""
     if not paths:
         return {}
     job = Job(SIZES_TARGET, {"paths": paths, "init_seed": init_seed}, timeout=timeout,
@@ -53,7 +55,8 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
               visible=tuple(sorted({os.path.dirname(path) for path in paths})))
     try:
         with run_job(job) as result:
-            found = (result.value or {}).get("sizes") if result.ok else None
+            answer = result.value if result.ok else _sizes_so_far(result)
+            found = answer.get("sizes") if isinstance(answer, dict) else None
     except OSError:  # its folder could not be made (a full disk): nothing is sized
         return {}
     sizes: dict[str, ProblemSize | None] = {}
@@ -77,6 +80,14 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
                                   *((number["params64"], number["inputs64"], number["forward64"])
                                     if known and float64 else (None, None, None)))
     return sizes
+
+
+def _sizes_so_far(result: RunResult) -> object:
+    """What a sizing job that failed wrote before (`harness/problem_sizes.SIZES_FILE`)."""
+    try:
+        return result.read_json(SIZES_FILE)
+    except (OSError, ValueError):
+        return None
 
 
 def non_negative_int(value: object) -> int | None:

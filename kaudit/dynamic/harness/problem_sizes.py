@@ -13,22 +13,28 @@ unknown (`outputs` None) when only its forward failed on the meta device.
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from typing import Any
 
-from .child import import_file, phase
+from .child import import_file, phase, write_json
 from .problem_job import float64_copy, to_device
+
+#: the sizes so far, in the job's output folder
+SIZES_FILE = "sizes.json"
 
 
 def size_problems(args: dict, out_dir: str) -> dict:
     import torch
 
-    sizes = {}
+    sizes: dict[str, dict] = {}
     default = torch.get_default_dtype()
     for index, path in enumerate(args["paths"]):
         with phase("size"):
             sizes[path] = _size(torch, f"problem_{index}", path, int(args.get("init_seed", 42)))
         torch.set_default_dtype(default)  # a problem that changed it sizes no other problem
+        # the sizes so far, kept if a later problem hangs or crashes the job
+        write_json(os.path.join(out_dir, SIZES_FILE), {"sizes": sizes})
     return {"sizes": sizes}
 
 
