@@ -306,11 +306,13 @@ def test_a_gated_job_whose_fork_server_died_runs_again_through_a_fresh_gate(monk
     real_wait, waits = forkserver._Pending.wait, []
 
     def dies_once(self, server, timeout):
-        waits.append(timeout)
+        # the job ends first: a child killed before the server forked it could still read
+        # (and remove) the spec that the fresh interpreter is given
+        ended = real_wait(self, server, timeout)
+        waits.append(ended)
         if len(waits) == 1:
-            self.stop()
             raise forkserver.Unavailable("the fork server died (simulated)")
-        return real_wait(self, server, timeout)
+        return ended
 
     monkeypatch.setattr(forkserver._Pending, "wait", dies_once)
     job = Job(problems.JOB_TARGET, {
