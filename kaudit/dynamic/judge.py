@@ -545,21 +545,20 @@ def write_coverage(runs: list, key: str, unwritten: Any = None) -> dict[str, Any
         differs |= bits[r] != bits[distinct[0]]
     repeat_same = all(torch.equal(bits[r], bits[sentinels.sentinel_run(r)])
                       for r in range(len(bits)) if sentinels.sentinel_run(r) != r)
-    dependent = differs & ~unwritten
-    count = count_true(unwritten)
+    count, dependent = count_true(unwritten), count_true(differs & ~unwritten)
     shape = list(runs[0].shape)
     return {"numel": numel, "unwritten": count,
             "fraction": round(count / numel, 6) if numel else 0.0,
-            "dependent": count_true(dependent),
-            "dependent_fraction": round(count_true(dependent) / numel, 6) if numel else 0.0,
+            "dependent": dependent,
+            "dependent_fraction": round(dependent / numel, 6) if numel else 0.0,
             "deterministic": repeat_same,
             "poisoned_dtype": sentinels.poisoned(runs[0].dtype),
-            **_where(unwritten, shape)}
+            **_where(unwritten, count, shape)}
 
 
-def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
-    """Where the unwritten elements lie: tail, whole rows, whole columns, strided or scattered."""
-    count = count_true(mask)
+def _where(mask: Any, count: int, shape: list[int]) -> dict[str, Any]:
+    """Where the `count` unwritten elements of `mask` lie: tail, whole rows, whole columns,
+    strided or scattered."""
     if not count:
         return {"pattern": "none", "where": "none"}
     numel = mask.numel()
@@ -568,22 +567,23 @@ def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
     grid = mask.reshape(rows, columns)
     full_rows = grid.all(dim=1)
     full_columns = grid.all(dim=0)
+    rows_unwritten, columns_unwritten = count_true(full_rows), count_true(full_columns)
     positions = torch.nonzero(mask).reshape(-1)
     first = int(positions[0])
     info: dict[str, Any] = {"first_unwritten": first, "rows": rows, "columns": columns,
-                            "rows_unwritten": count_true(full_rows),
-                            "columns_unwritten": count_true(full_columns)}
+                            "rows_unwritten": rows_unwritten,
+                            "columns_unwritten": columns_unwritten}
     if count == numel:
         info.update(pattern="all", where="no element of the output was written")
     elif count == numel - first:
         info.update(pattern="tail", where=f"the tail from flat index {first} on "
                     f"({count} elements) was never written")
-    elif rows > 1 and count_true(full_rows) * columns == count:
+    elif rows > 1 and rows_unwritten * columns == count:
         written = [int(i) for i in torch.nonzero(~full_rows).reshape(-1)[:5]]
-        info.update(pattern="rows", where=f"{count_true(full_rows)} of {rows} rows (of "
+        info.update(pattern="rows", where=f"{rows_unwritten} of {rows} rows (of "
                     f"{columns} elements) were never written; written rows include {written}")
-    elif columns > 1 and count_true(full_columns) * rows == count:
-        info.update(pattern="columns", where=f"{count_true(full_columns)} of {columns} columns "
+    elif columns > 1 and columns_unwritten * rows == count:
+        info.update(pattern="columns", where=f"{columns_unwritten} of {columns} columns "
                     f"were never written")
     else:
         steps = torch.unique(positions[1:] - positions[:-1]) if count > 1 else None
@@ -592,7 +592,7 @@ def _where(mask: Any, shape: list[int]) -> dict[str, Any]:
                         where=f"every {int(steps[0])}th element from flat index {first} on")
         else:
             info.update(pattern="scattered", where=f"scattered, first at flat index {first}, "
-                        f"{count_true(full_rows)} whole rows of {rows}")
+                        f"{rows_unwritten} whole rows of {rows}")
     return info
 
 

@@ -48,13 +48,13 @@ def analyse(result: RunResult, display: str, line: int, options: Options,
     if manifest:
         problem.device = manifest.get("device")
         problem.job_seconds = phase_seconds(manifest.get("timings"), "job")
-        problem.gpu_peak_bytes = non_negative_int(manifest.get("gpu_peak_bytes"))
         problem.gpu_total_bytes = non_negative_int(manifest.get("gpu_total_bytes"))
         peaks = manifest.get("gpu_step_peaks")  # bounded as the steps' seconds are
         problem.gpu_step_peaks = {
             step[:40]: held for step, value
             in list(peaks.items() if isinstance(peaks, dict) else ())[:MAX_PHASES]
             if isinstance(step, str) and (held := non_negative_int(value)) is not None}
+        problem.gpu_peak_bytes = max(problem.gpu_step_peaks.values(), default=None)
     seeds = [s for s in (manifest or {}).get("seeds", []) if s.get("native")]
     if not result.ok and len(seeds) < options.seeds:
         phase = (manifest or {}).get("phase") if result.status in ("timeout", "crashed") \

@@ -467,9 +467,8 @@ def _go(gate: Gate, folder: Path) -> Iterator[None]:
     """Enter `gate`, then hand what it granted to the waiting job (`GO_FILE` in `folder`,
     written whole before it appears), and hold the gate until the job ends; the file goes with
     it, so that the job started again in a fresh interpreter (its fork server died) waits for
-    the gate again. The job ran problem code before: without the sandbox it may have put a link
-    or a FIFO in `folder`, so the file is made new under a name it cannot guess, never opened
-    through what is there."""
+    the gate again. Without the sandbox a job could have put a link or a FIFO in `folder`, so the
+    file is made new under a name it cannot guess, never opened through what is there."""
     with gate() as granted:
         written = folder / f".{secrets.token_hex(8)}"
         descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW

@@ -86,7 +86,6 @@ def run_problem(args: dict, out_dir: str) -> dict:
         if str(manifest.get("device", "")).startswith("cuda"):  # what the GPU share held
             held, peaks = int(torch.cuda.max_memory_reserved()), manifest["gpu_step_peaks"]
             peaks[left] = max(peaks.get(left, 0), held)  # which step sets the job's peak
-            manifest["gpu_peak_bytes"] = max(peaks.values())
             torch.cuda.reset_peak_memory_stats()
         manifest["phase"], entered = name, now
         write_json(os.path.join(out_dir, MANIFEST), manifest)
