@@ -424,3 +424,49 @@ def test_float64_and_scaled_runs_make_the_first_inputs_again(tmp_path):
     assert all(scale["ran"] for scale in in_place.scales)
     notes = [f.message for f in unseeded.findings if f.rule == "KP502"]
     assert len(notes) == 1 and "other inputs when called again" in notes[0]
+
+
+#: a forward whose answer tells whether cuDNN was on: its float64 runs must have it off
+FLAG_PROBLEM = """import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        on = torch.backends.cudnn.enabled
+        return x * (1.0 if on == (x.dtype != torch.float64) else 2.0)
+
+
+def get_inputs():
+    return [torch.randn(64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_float64_runs_use_torchs_own_kernels_not_cudnns(tmp_path):
+    """cuDNN's float64 convolutions are slow (2.79 s against 0.24 s a call for a 3D transposed
+    one on the H200): the float64 runs of a problem's job and of a kernel's reference job turn
+    it off, and turn it back on after, also when forward raised."""
+    from kaudit.dynamic.harness.kernel_job import _reference_noise
+    from kaudit.dynamic.harness.problem_job import float64_kernels
+
+    (tmp_path / "flag.py").write_text(FLAG_PROBLEM)
+    problem, = audit([tmp_path / "flag.py"]).problems
+    assert problem.status == "ok" and "KP502" not in problem.codes(), problem.findings
+    assert problem.gap["rel_l2"] < 1e-6  # a twin made with cuDNN on would be twice the output
+    assert all(scale.get("rel_l2", 1) < 1e-6 for scale in problem.scales)
+
+    namespace: dict = {}
+    exec(FLAG_PROBLEM, namespace)
+    x = torch.randn(64)
+    noise, _ = _reference_noise(torch, namespace["Model"](), [x], [x.clone()],
+                                torch.device("cpu"))
+    assert noise is not None and noise[0] < 1e-6
+
+    assert torch.backends.cudnn.enabled
+    with pytest.raises(ZeroDivisionError), float64_kernels(torch):
+        assert not torch.backends.cudnn.enabled
+        1 / 0  # noqa: B018
+    assert torch.backends.cudnn.enabled

@@ -87,7 +87,7 @@ def phase(name: str) -> Iterator[None]:
 def run_reference(args: dict, out_dir: str) -> dict:
     import torch
 
-    from .problem_job import float64_copy, make_inputs
+    from .problem_job import float64_copy, float64_kernels, make_inputs
     from .scaling import distance, scale_input, twin
     from .sentinels import as_bits
 
@@ -144,7 +144,8 @@ def run_reference(args: dict, out_dir: str) -> dict:
                     raise RuntimeError(error)
             wide = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                     for v in scaled]
-            exact = _forward(reference64, _to(wide, device, torch), torch, device)
+            with float64_kernels(torch):
+                exact = _forward(reference64, _to(wide, device, torch), torch, device)
             # the native outputs stay here: the judge needs only how far they are from the
             # float64 ones, and those as `twin` keeps them (half the bytes for float32 outputs)
             scales[key]["errors"] = [list(distance(t, o)) if t.shape == o.shape else None
@@ -165,7 +166,7 @@ def _reference_noise(torch: Any, model: Any, inputs: list, outputs: list,
     same inputs (None where that cannot be told), and the float64 model (None if it could not
     be made). Near 1, the output is rounding noise: the exact answer is zero (a GroupNorm's
     mean), and no output can be judged right or wrong against it."""
-    from .problem_job import float64_copy
+    from .problem_job import float64_copy, float64_kernels
     from .scaling import distance
 
     try:
@@ -174,7 +175,8 @@ def _reference_noise(torch: Any, model: Any, inputs: list, outputs: list,
             return None, None
         wide = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                 for v in inputs]
-        exact = _forward(reference64, _to(wide, device, torch), torch, device)
+        with float64_kernels(torch):
+            exact = _forward(reference64, _to(wide, device, torch), torch, device)
     except Exception:  # noqa: BLE001 - without float64, the noise is unknown
         return None, None
     # an exact answer of zero and a native one that is not: all noise (inf)

@@ -5,7 +5,8 @@ imports the file, builds `Model(*get_init_inputs())` under the init seed, moves 
 and for each seed calls `get_inputs()` under that seed and runs `forward` (under `no_grad`, the
 model left in the mode its constructor chose, as the harness does); then the first seed's inputs
 scaled by each factor in `scales`; then, the native model freed, a float64 copy of the model
-(kept on the host until then) on the first seed's inputs, unscaled and scaled, cast to float64.
+(kept on the host until then) on the first seed's inputs, unscaled and scaled, cast to float64,
+with cuDNN off (`float64_kernels`).
 The first seed's inputs are made again for each of these runs (checked against their digest):
 a copy kept on the device held a set of inputs, up to 6 GiB on level 1, all along.
 
@@ -25,11 +26,13 @@ again with more (`gpu_last_try` false): the rest of it would be done twice. On C
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .child import import_file, is_oom, phase, write_json
@@ -193,7 +196,8 @@ def run_problem(args: dict, out_dir: str) -> dict:
                 reference64 = reference64.to(device)
             scaled = first_inputs(scale, torch.float64)
             torch.manual_seed(seeds[0])
-            outputs, _ = _forward(reference64, scaled, device, torch)
+            with float64_kernels(torch):
+                outputs, _ = _forward(reference64, scaled, device, torch)
             del scaled
             record["fp64"] = saver.save(outputs, name)
             del outputs
@@ -288,6 +292,20 @@ def float64_copy(model: Any, torch: Any) -> tuple[Any, str | None]:
         return copy.deepcopy(model).to(torch.float64), None
     except Exception as exc:  # noqa: BLE001
         return None, _describe(exc)
+
+
+@contextlib.contextmanager
+def float64_kernels(torch: Any) -> Iterator[None]:
+    """torch's own kernels for a float64 run, not cuDNN's, whose float64 convolutions are slow:
+    on the H200, three float64 calls of each of KernelBench level 1's 35 convolutions took
+    17.5 s summed with cuDNN and 2.8 s without (a 3D transposed convolution 2.79 s a call
+    against 0.24 s; four took a few milliseconds more), their outputs equal within 1.3e-15."""
+    enabled = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = enabled
 
 
 def _forward(model: Any, inputs: list, device: Any, torch: Any) -> tuple[list, str]:
