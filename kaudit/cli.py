@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import enum
 import io
 import json
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -538,10 +542,36 @@ def problems(
     raise typer.Exit(code)
 
 
-def main() -> None:
+def main() -> NoReturn:
     try:
         app()
+    except SystemExit as exit_:
+        leave(exit_.code)
     except Exception as exc:  # pragma: no cover - the last guard against a traceback
         stderr.print(f"kaudit: internal error: {exc.__class__.__name__}: {escape(str(exc))}",
                      soft_wrap=True)
-        sys.exit(EXIT_ERROR)
+        leave(EXIT_ERROR)
+    leave(0)
+
+
+def leave(code: object) -> NoReturn:
+    """Exit as `sys.exit(code)` would, less the interpreter's teardown: the threads joined, the
+    atexit handlers run (temporary folders, the fork server) and the output flushed, then the
+    process ends. With torch loaded the teardown took 0.4 s after `import torch` and 0.6-1.2 s
+    after a dynamic pass's imports, on two cores: time every such command spent after its
+    report was written."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): the message, and 1
+        print(code, file=sys.stderr)
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said there
+            stream.flush()
+    os._exit(status & 0xFF)
