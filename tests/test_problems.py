@@ -470,3 +470,22 @@ def test_float64_runs_use_torchs_own_kernels_not_cudnns(tmp_path):
         assert not torch.backends.cudnn.enabled
         1 / 0  # noqa: B018
     assert torch.backends.cudnn.enabled
+
+
+def test_judging_threads_share_the_cores_out_and_give_them_back(monkeypatch):
+    """Each judging thread's operators run on its share of the cores (one each when there are
+    more judging threads than cores), not on a team of one thread per core each."""
+    import threading
+
+    from kaudit.dynamic.limits import judging_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    seen = []
+    for workers, share in ((24, 1), (4, 4), (0, 16)):
+        with judging_threads(workers):
+            thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+            thread.start()
+            thread.join()
+        assert seen[-1] == share
+        assert torch.get_num_threads() == before

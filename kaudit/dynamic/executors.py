@@ -33,6 +33,7 @@ from kaudit.discover import WorkItem
 from kaudit.dynamic import adapted, sandbox, scratch
 from kaudit.dynamic.builds import BuildCache, default_root
 from kaudit.dynamic.gpu_share import GpuSlots
+from kaudit.dynamic.limits import judging_threads
 from kaudit.dynamic.kernels import (
     KernelRun,
     KernelTask,
@@ -94,15 +95,16 @@ class LocalExecutor:
                 for task in tasks:
                     one(task)
                 return
-            pool = ThreadPoolExecutor(max_workers=options.jobs)
-            try:
-                for future in [pool.submit(one, task) for task in tasks]:
-                    future.result()
-            except BaseException:  # interrupted: the kernels not started yet are not started
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            finally:
-                pool.shutdown(wait=True)
+            with judging_threads(options.jobs):
+                pool = ThreadPoolExecutor(max_workers=options.jobs)
+                try:
+                    for future in [pool.submit(one, task) for task in tasks]:
+                        future.result()
+                except BaseException:  # interrupted: the kernels not started yet are not started
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+                finally:
+                    pool.shutdown(wait=True)
         finally:
             builds.close()
 

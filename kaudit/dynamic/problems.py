@@ -31,7 +31,7 @@ from kaudit.discover import display_path, natural_key
 from kaudit.dynamic import forkserver, scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
-from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit
+from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, judging_threads
 from kaudit.dynamic.problem_sizing import ProblemSize, size_problems
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
@@ -309,7 +309,7 @@ def audit_problems(paths: Iterable[str], options: Options,
             if on_problem:
                 on_problem(done, total, report.problems[-1])
     else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with judging_threads(workers), ThreadPoolExecutor(max_workers=workers) as pool:
             # the report keeps the order of the files
             started = {pool.submit(one, files[i]): i for i in start_order(files, sizes)}
             ended: list[ProblemResult | None] = [None] * total
