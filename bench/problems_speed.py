@@ -117,8 +117,9 @@ def kaudit_problems(device: str, jobs: int, files: list[Path], limit_s: float | 
 
 def timeline(lines: list[dict], seconds: float, summary: dict, step: float = 5.0
              ) -> dict | None:
-    """When the run's turns were used: the sizing before the first job (and the fork server's
-    start, `start_s` long, ready `ready_s` after the audit began), when the first and the
+    """When the run's turns were used: kaudit's preparation (its preload, inside the audit) and
+    the sizing beside it before the first job (and the fork server's start, `start_s` long,
+    ready `ready_s` after the audit began), when the first and the
     last job started, and how many jobs ran (all their runs, waits for GPU memory included) in
     each `step` seconds, averaged over it: a run bound by its scheduling shows idle turns; and
     the seconds of the command outside the audit (kaudit's start, the report, its exit)."""
@@ -132,7 +133,8 @@ def timeline(lines: list[dict], seconds: float, summary: dict, step: float = 5.0
             low, high = index * step, (index + 1) * step
             buckets[index] += max(0.0, min(end, high) - max(begin, low)) / step
     audit_s = summary.get("audit_s")
-    return {"gpu_sizing_s": summary.get("gpu_sizing_s"), "fork_server": summary.get("fork_server"),
+    return {"preparation_s": summary.get("preparation_s"),
+            "gpu_sizing_s": summary.get("gpu_sizing_s"), "fork_server": summary.get("fork_server"),
             "audit_s": audit_s,
             "outside_audit_s": round(seconds - audit_s, 2) if audit_s is not None else None,
             "first_start_s": round(min(b for b, _ in spans), 2),

@@ -244,19 +244,17 @@ def _on_sigterm() -> None:
     scratch.exit_on_sigterm()
 
 
-def _jobs_guarded(mode: SandboxMode):
-    """Before kaudit runs benchmark problems: `selfcheck.prepare_jobs` (`on` where the sandbox
-    cannot be built is a usage error) and SIGTERM unwinding. Returns the installation's
-    fingerprint, for `_refuse_if_changed`."""
-    from kaudit.dynamic.selfcheck import prepare_jobs
+def _jobs_ready(mode: SandboxMode) -> None:
+    """Before kaudit starts jobs for benchmark problems: `selfcheck.ready_jobs` (`on` where the
+    sandbox cannot be built is a usage error) and SIGTERM unwinding."""
     from kaudit.dynamic.sandbox import SandboxError
+    from kaudit.dynamic.selfcheck import ready_jobs
 
     try:
-        installation = prepare_jobs(mode.value)
+        ready_jobs(mode.value)
     except SandboxError as exc:
         _usage_error(str(exc))
     _on_sigterm()
-    return installation
 
 
 def _refuse_if_changed(installation) -> None:
@@ -528,14 +526,20 @@ def problems(
         run_command,
     )
 
-    installation = _jobs_guarded(sandbox)
+    from kaudit.dynamic.selfcheck import Installation
+
+    _jobs_ready(sandbox)
+    # kaudit's code imported and fingerprinted once the problems are found, the sizing job
+    # starting beside it (`audit_problems`)
+    installation: list[Installation] = []
     try:
         code = run_command(paths, tolerance=tolerance, atol=atol, rtol=rtol, device=device,
                            seeds=seeds, scales=scales, timeout=timeout, jobs=jobs,
                            memory_limit=memory_limit, temp_limit=temp_limit,
                            output_format=output_format.value, output=output,
                            fail_on=fail_on.value if fail_on else None,
-                           before_output=lambda: _refuse_if_changed(installation),
+                           before_jobs=lambda: installation.append(Installation.before_jobs()),
+                           before_output=lambda: _refuse_if_changed(installation[0]),
                            stream=stream)
     except ProblemsUsageError as exc:
         _usage_error(str(exc))

@@ -18,6 +18,7 @@ import pytest
 
 from kaudit.dynamic import gpu_share, host_memory, problems, runner, sandbox, scratch
 from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, WIDE_SHARE, GpuClaim, GpuMemory
+from kaudit.dynamic.problem_sizing import SIZES_TARGET
 from kaudit.dynamic.runner import ERROR, OK, OOM, Job, RunResult, run_job
 from kaudit.dynamic.ledger import Ledger
 
@@ -694,3 +695,47 @@ def test_problems_start_with_the_most_memory_and_work():
     assert [files[i] for i in problems.start_order(files, sizes)] == [
         "/p/slow.py", "/p/big.py", "/p/both.py", "/p/small.py", "/p/unsized.py"]
     assert problems.start_order(files, {}) == [0, 1, 2, 3, 4], "unsized: in the files' order"
+
+
+def test_the_sizing_job_starts_while_kaudit_prepares_and_sizes_once_let_go(monkeypatch):
+    """`kaudit problems` starts its sizing job before its own preload (`audit_problems`'s
+    `before_jobs`): the job makes the meta device ready meanwhile (3.5 s on the H200's host),
+    waits, and sizes once let go; refused (kaudit stopping), it is stopped and sizes nothing."""
+    pytest.importorskip("torch", reason="the sizing job needs torch")
+    import contextlib
+
+    total = 100 << 30
+    monkeypatch.setattr(problems, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(problems, "gpu_memory", lambda device: GpuMemory("GPU-a", total, total))
+    files = [str(ROOT / "fixtures" / "problems" / "good_matmul.py")]
+    from kaudit.dynamic.tolerance import PRESETS
+
+    options = problems.Options(PRESETS["kernelbench"], device="cuda")
+    answers = []
+    real_size = problems.size_problems
+
+    def size(*args):
+        try:
+            answers.append(real_size(*args))
+        except Exception as exc:
+            answers.append(exc)
+            raise
+        return answers[-1]
+
+    monkeypatch.setattr(problems, "size_problems", size)
+    early = problems.EarlySizing(files, options)
+    time.sleep(0.5)  # kaudit's preload
+    assert early.allow() == problems.gpu_sizes(files, options)
+    assert early.seconds >= 0.5
+    problems.EarlySizing(files, options).refuse()
+    assert isinstance(answers[-1], problems.JobsRefused), "stopped, nothing sized"
+
+    @contextlib.contextmanager
+    def gate():
+        time.sleep(0.5)
+        yield {}
+
+    job = Job(SIZES_TARGET, {"paths": files, "init_seed": 42}, timeout=120, gated=True)
+    with runner.run_job(job, gate) as result:
+        assert result.ok and list(result.value["sizes"]) == files, result.describe()
+        assert {"warm-up", "go", "size"} <= set(result.phases)

@@ -489,3 +489,22 @@ def test_judging_threads_share_the_cores_out_and_give_them_back(monkeypatch):
             thread.join()
         assert seen[-1] == share
         assert torch.get_num_threads() == before
+
+
+def test_no_problem_runs_before_kaudit_is_ready():
+    """`before_jobs` (the CLI's preload and fingerprint of kaudit's code) is called once the
+    problems are found and before any runs; when it fails, none runs."""
+    fixture = PROBLEM_FIXTURES / "good_matmul.py"
+    options = Options(PRESETS["kernelbench"], device="cpu", timeout=TIMEOUT)
+    ready, ran = [], []
+    report = audit_problems([str(fixture)], options, before_jobs=lambda: ready.append(ran[:]),
+                            on_problem=lambda done, total, problem: ran.append(problem.path))
+    assert ready == [[]] and len(ran) == 1 and report.summary["preparation_s"] >= 0
+
+    def fails() -> None:
+        raise RuntimeError("kaudit's own code could not be imported")
+
+    with pytest.raises(RuntimeError, match="could not be imported"):
+        audit_problems([str(fixture)], options, before_jobs=fails,
+                       on_problem=lambda *args: ran.append("ran after a failed preparation"))
+    assert len(ran) == 1

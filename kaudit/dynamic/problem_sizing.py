@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kaudit.dynamic.harness.problem_sizes import SIZES_FILE
-from kaudit.dynamic.runner import Job, RunResult, run_job
+from kaudit.dynamic.runner import Gate, Job, RunResult, run_job
 
 SIZES_TARGET = "problem_sizes:size_problems"
 #: what `torch.save` adds to a file besides its tensors' bytes (about 1.5 kB measured), rounded up
@@ -43,18 +43,20 @@ class ProblemSize:
     forward64: int | None = None
 
 
-def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0
-                  ) -> dict[str, ProblemSize | None]:
+def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0,
+                  gate: Gate | None = None) -> dict[str, ProblemSize | None]:
     """The sizes of the problem files `paths` (absolute), from one job on the CPU: None for a
     problem the job could not size; a problem is missing when the job failed before it (one
-    that hangs or crashes the job keeps the sizes of those before it)."""
+    that hangs or crashes the job keeps the sizes of those before it). With a `gate`, the job
+    starts at once and makes the meta device ready, and sizes once the gate is entered."""
     if not paths:
         return {}
     job = Job(SIZES_TARGET, {"paths": paths, "init_seed": init_seed}, timeout=timeout,
               env={"CUDA_VISIBLE_DEVICES": ""},
-              visible=tuple(sorted({os.path.dirname(path) for path in paths})))
+              visible=tuple(sorted({os.path.dirname(path) for path in paths})),
+              gated=gate is not None)
     try:
-        with run_job(job) as result:
+        with run_job(job, gate) as result:
             answer = result.value if result.ok else _sizes_so_far(result)
             found = answer.get("sizes") if isinstance(answer, dict) else None
     except OSError:  # its folder could not be made (a full disk): nothing is sized

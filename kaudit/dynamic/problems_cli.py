@@ -51,11 +51,13 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
                 rtol: float | None, device: str, seeds: int, scales: str, timeout: float,
                 jobs: int, output_format: str, output: Path | None, fail_on: str | None,
                 memory_limit: str | None = None, temp_limit: str | None = None,
+                before_jobs: Callable[[], None] = lambda: None,
                 before_output: Callable[[], None] = lambda: None,
                 stream: Path | None = None) -> int:
-    """`before_output`: called once every problem ran, before anything is written (the CLI's
-    check that kaudit's own code did not change). `stream`: a file that gets one JSON line per
-    problem as it ends."""
+    """`before_jobs`: called before any problem's code runs (`audit_problems`; the CLI's
+    preload and fingerprint of kaudit's own code). `before_output`: called once every problem
+    ran, before anything is written (the CLI's check that kaudit's own code did not change).
+    `stream`: a file that gets one JSON line per problem as it ends."""
     from kaudit.dynamic.limits import parse_memory_limit, parse_temp_limit
     from kaudit.dynamic.tolerance import resolve
 
@@ -98,7 +100,8 @@ def run_command(paths: list[Path], *, tolerance: str | None, atol: float | None,
             lines.write(stream_line(problem))
 
     try:
-        report = audit_problems([str(p) for p in paths], options, on_problem=finished)
+        report = audit_problems([str(p) for p in paths], options, on_problem=finished,
+                                before_jobs=before_jobs)
     except (FileNotFoundError, ValueError) as exc:
         raise ProblemsUsageError(str(exc)) from exc
     finally:

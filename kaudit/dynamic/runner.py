@@ -118,7 +118,7 @@ class Job:
     #: on a GPU, the job starts before its share of the GPU's memory is granted and waits for
     #: it, having run no code of its problem (`args["go"]`, a file its cap comes in, in a
     #: folder it sees read-only): its process start and CUDA context are made meanwhile (the
-    #: problem job)
+    #: problem job); on the CPU, a gated job waits likewise for the gate given to `run_job`
     gated: bool = False
 
 
@@ -354,12 +354,13 @@ def _kind(target: str) -> str:
     return module.removesuffix(".py").removesuffix("_job")
 
 
-def run_job(job: Job) -> RunResult:
+def run_job(job: Job, gate: Gate | None = None) -> RunResult:
     """Run `job` in a child process and wait for it (at most `job.timeout` seconds); on a GPU
     (`job.gpu`), under that GPU's shared lock, and once more alone on it when it ran out of
-    memory (`gpu_share.run_claimed`). Raises `sandbox.SandboxError` for `--sandbox on` where the
-    sandbox cannot be built, and OSError when the job's folder cannot be made (a full disk):
-    nothing ran then."""
+    memory (`gpu_share.run_claimed`); on the CPU, a gated job (`Job.gated`) let go on when
+    `gate` is entered. Raises `sandbox.SandboxError` for `--sandbox on` where the sandbox
+    cannot be built, and OSError when the job's folder cannot be made (a full disk): nothing
+    ran then; what `gate` raises, the job stopped."""
     started = time.monotonic()
     try:
         if job.gpu is not None:
@@ -367,7 +368,7 @@ def run_job(job: Job) -> RunResult:
             result = gpu_share.run_claimed(placed, job.gpu, _run_once)
             add_job_seconds("gpu_wait", result.gpu_wait_s)
             return result
-        return _run_once(job)
+        return _run_once(job, gate if job.gated else None)
     finally:
         seconds = _job_seconds.get()
         if seconds is not None:

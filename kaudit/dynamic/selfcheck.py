@@ -87,14 +87,21 @@ class InstallationChanged(RuntimeError):
         self.changed = changed
 
 
-def prepare_jobs(mode: str) -> Installation:
-    """Before kaudit runs benchmark code: the sandbox mode (`on` where it cannot be built raises
-    SandboxError), stale temporary folders of killed runs removed, kaudit's code imported and
-    fingerprinted (for `InstallationChanged`)."""
+def ready_jobs(mode: str) -> None:
+    """Before kaudit starts a job: the sandbox mode (`on` where it cannot be built raises
+    SandboxError), stale temporary folders of killed runs removed, the fork server started
+    (in the background: it runs nothing until a job comes). A job started now must not run
+    benchmark code before `Installation.before_jobs()` returned (`runner.Job.gated`)."""
     sandbox.set_mode(mode)
     sandbox.active()
     scratch.remove_stale()
-    runner.start_fork_server()  # beside the imports below: it runs nothing until a job comes
+    runner.start_fork_server()
+
+
+def prepare_jobs(mode: str) -> Installation:
+    """Before kaudit runs benchmark code: `ready_jobs`, then kaudit's code imported and
+    fingerprinted (for `InstallationChanged`)."""
+    ready_jobs(mode)
     return Installation.before_jobs()
 
 

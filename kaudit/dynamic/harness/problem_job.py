@@ -29,13 +29,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from .child import import_file, is_oom, phase, write_json
+from .child import import_file, is_oom, phase, wait_for_go, write_json
 from .counting import count_where
 from .scaling import scale_input
 
@@ -48,8 +47,6 @@ MAX_ELEMENTS = 1 << 22
 SAMPLE_SEED = 20251129
 #: bytes of each input tensor hashed to tell whether inputs change with the seed
 DIGEST_BYTES = 1 << 22
-#: seconds between looks for the parent's go (`_wait_for_go`)
-GO_POLL = 0.002
 
 
 class ProblemFormatError(Exception):
@@ -268,12 +265,9 @@ class _Saver:
 
 
 def _wait_for_go(path: str, device: Any, torch: Any) -> None:
-    """Wait for the parent to grant the job its share of the GPU (`runner.Job.gated`: the file
-    `path`, written whole before it appears), then cap the caching allocator to it."""
-    while not os.path.exists(path):
-        time.sleep(GO_POLL)
-    with open(path, encoding="utf-8") as file:
-        granted = json.load(file)
+    """Wait for the parent to grant the job its share of the GPU (`child.wait_for_go`), then cap
+    the caching allocator to it."""
+    granted = wait_for_go(path)
     if device.type == "cuda" and granted.get("gpu_memory_fraction"):
         torch.cuda.set_per_process_memory_fraction(float(granted["gpu_memory_fraction"]))
 
