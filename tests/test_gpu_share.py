@@ -499,6 +499,47 @@ def test_a_problem_is_judged_while_the_next_one_runs_on_the_gpu(problems_on_a_fa
     assert [p.status for p in report.problems] == ["ok", "ok"]
 
 
+def test_a_problems_job_starts_before_its_turn_and_takes_it_in_its_gate(problems_on_a_fake_gpu,
+                                                                       monkeypatch):
+    """With one job at a time, the next problem's job is started (its process and CUDA context
+    made: 1.7 s a job on the H200) while another holds the turn, and runs once it has it."""
+    import contextlib
+
+    from kaudit.dynamic.tolerance import resolve
+
+    fake, lock = runner._run_once, threading.Lock()
+    now, most = {"started": 0, "turns": 0}, {"started": 0, "turns": 0}
+
+    def count(key: str, step: int) -> None:
+        with lock:
+            now[key] += step
+            most[key] = max(most[key], now[key])
+
+    def launch(job: Job, gate=None) -> RunResult:
+        @contextlib.contextmanager
+        def counted():
+            with gate() as granted:
+                count("turns", 1)
+                try:
+                    yield granted
+                finally:
+                    count("turns", -1)
+
+        count("started", 1)
+        try:
+            return fake(job, counted)
+        finally:
+            count("started", -1)
+
+    monkeypatch.setattr(runner, "_run_once", launch)
+    files = [str(ROOT / "fixtures" / "problems" / name) for name in
+             ("good_matmul.py", "bad_tiny_output.py", "bad_naive_softmax.py")]
+    report = problems.audit_problems(files, problems.Options(resolve(None, None, None), jobs=1,
+                                                             seeds=2, timeout=120))
+    assert [p.status for p in report.problems] == ["ok"] * 3
+    assert most == {"started": 2, "turns": 1}
+
+
 SHORT_OF_MEMORY_IN_FLOAT64 = """
 import torch
 

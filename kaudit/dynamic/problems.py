@@ -280,8 +280,9 @@ def audit_problems(paths: Iterable[str], options: Options,
         raise
     prepared_s = time.monotonic() - prepared
     sizes = sizing.allow() if sizing is not None else {}
-    # `jobs` problems run at once; on a GPU as many more are judged meanwhile (on its host's
-    # CPU), instead of keeping the GPU waiting for the judging of the one before (a second each)
+    # `jobs` problems run at once; on a GPU as many more are started or judged meanwhile (on
+    # its host's CPU), instead of keeping the GPU waiting for a job's start (its CUDA context)
+    # or the judging of the one before (a second or two each)
     turns = threading.Semaphore(max(1, options.jobs))
     workers = options.jobs * (2 if slots else 1)
 
@@ -305,14 +306,17 @@ def audit_problems(paths: Iterable[str], options: Options,
 
     @contextlib.contextmanager
     def claimed(file: str) -> Iterator[GpuClaim | None]:
-        """The problem's GPU, asking first for the share it was sized to need."""
-        if slots is None:
-            yield None
-            return
-        with slots.take() as gpu:
-            if gpu is not None:
+        """The problem's GPU, asking first for the share it was sized to need, and its turn. On
+        a GPU the turn is taken in the job's gate, its process and CUDA context made: on the
+        H200 these took 1.7 s a job, and half the jobs had no wait for memory to make them in."""
+        with contextlib.ExitStack() as stack:
+            gpu = stack.enter_context(slots.take()) if slots is not None else None
+            if gpu is None:
+                stack.enter_context(turns)
+            else:
                 sized = sizes.get(_key(file))
                 gpu.need = sized.need if sized is not None else None
+                gpu.turn = lambda: turns
             yield gpu
 
     def run(file: str, shown: str, model: tuple[int, list[str]], options: Options
@@ -323,7 +327,7 @@ def audit_problems(paths: Iterable[str], options: Options,
         started = time.monotonic()
         try:
             with job_seconds() as runs, contextlib.ExitStack() as judging:
-                with turns, claimed(file) as gpu:  # the turn ends with the job, not its judging
+                with claimed(file) as gpu:  # the turn ends with the job, not its judging
                     turned = time.monotonic()
                     result = judging.enter_context(run_job(Job(JOB_TARGET, {
                         "path": os.path.abspath(file), "device": device,
@@ -335,7 +339,8 @@ def audit_problems(paths: Iterable[str], options: Options,
                 judged = time.monotonic()
                 problem = analyse(result, display, line, options, end_column, memory_limit=memory)
                 problem.job_seconds["judge"] = round(time.monotonic() - judged, 3)
-                # the timeline of the run: when its turn came, and how long it waited for one
+                # the timeline of the run: when its job started, and how long it waited to
+                # (on a GPU, the wait for its turn is part of its wait for memory, `gpu_wait_s`)
                 problem.job_seconds["queued"] = round(turned - started, 3)
                 problem.started_s = round(turned - began, 3)
                 if gpu is not None:
