@@ -780,3 +780,29 @@ def test_the_sizing_job_starts_while_kaudit_prepares_and_sizes_once_let_go(monke
     with runner.run_job(job, gate) as result:
         assert result.ok and list(result.value["sizes"]) == files, result.describe()
         assert {"warm-up", "go", "size"} <= set(result.phases)
+
+
+def test_the_sizing_counts_what_torchs_own_float64_convolutions_unfold():
+    """The float64 runs use torch's own convolutions (cuDNN off), which unfold their input, a
+    sample and a group at a time: sized without it, 12 of KernelBench level 1's convolutions ran
+    out of memory at their ask on the H200 and ran again (a 3D transposed one three times)."""
+    torch = pytest.importorskip("torch", reason="the sizing job needs torch")
+    from kaudit.dynamic.harness.problem_sizes import _LiveBytes
+
+    def peak(layer, shape, dtype=torch.float64):
+        layer = layer.to(device="meta", dtype=dtype)
+        given = torch.empty(shape, device="meta", dtype=dtype)
+        with torch.no_grad(), _LiveBytes(torch) as live:
+            layer(given)
+        return live.peak
+
+    output = 2 * 8 * 34 * 34 * 8  # (2, 8, 34, 34) in float64
+    transposed = peak(torch.nn.ConvTranspose2d(4, 8, 3), (2, 4, 32, 32))
+    assert transposed == output + 8 * 9 * 32 * 32 * 8, "(C_out x 3 x 3) rows over its input"
+    assert peak(torch.nn.ConvTranspose2d(4, 8, 3), (2, 4, 32, 32), torch.float32) == output / 2
+    standard = peak(torch.nn.Conv2d(4, 8, 3, groups=2), (2, 4, 34, 34))
+    grouped = 2 * 8 * 32 * 32 * 8
+    assert standard == grouped + (2 * 9 * 32 * 32 + grouped // 8) * 8, \
+        "a group's (C_in / 2 x 3 x 3) rows over the output, and the groups' outputs joined"
+    assert peak(torch.nn.Conv2d(4, 4, 3, groups=4), (2, 4, 34, 34)) == 2 * 4 * 32 * 32 * 8
+    assert peak(torch.nn.Conv2d(4, 8, 1), (2, 4, 32, 32)) == grouped, "1x1: nothing unfolded"

@@ -482,8 +482,8 @@ def test_judging_threads_share_the_cores_out_and_give_them_back(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     seen = []
-    for workers, share in ((24, 1), (4, 4), (0, 16)):
-        with judging_threads(workers):
+    for jobs, share in ((24, 1), (4, 4), (0, 16)):
+        with judging_threads(jobs):
             thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
             thread.start()
             thread.join()

@@ -86,17 +86,17 @@ def memory_note(result: RunResult, limit: int | None) -> str:
 
 
 @contextlib.contextmanager
-def judging_threads(workers: int) -> Iterator[None]:
-    """torch's operator threads in kaudit's process while `workers` threads judge at once: the
-    cores shared out among them (at least one each), restored after. Uncapped, each judging
-    thread's operators ran on a team of one thread per core: on the H200's 16-core host, 24
-    judging threads beside 12 problem jobs kept 28 threads runnable and the cores 23-35 % in
-    the kernel, and judging a KernelBench level-1 problem took 1.5 s (1.1-1.8 s on two idle
-    cores). A thread takes the number when it first runs an operator: threads made after."""
+def judging_threads(jobs: int) -> Iterator[None]:
+    """torch's operator threads in kaudit's process while the outputs of `jobs` jobs at once
+    are judged: the cores shared out among them (at least one each), restored after.
+    Uncapped, each judging thread's operators ran on a team of one thread per core: on the
+    H200's 16-core host, 24 judging threads beside 12 problem jobs kept 28 threads runnable
+    and the cores 23-35 % in the kernel. A thread takes the number when it first runs an
+    operator: threads made after."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, jobs)))
     try:
         yield
     finally:
