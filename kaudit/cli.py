@@ -574,7 +574,7 @@ def leave(code: object) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # what the interpreter runs at exit
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said there
             stream.flush()

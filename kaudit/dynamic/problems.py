@@ -215,8 +215,8 @@ def resolve_device(requested: str) -> str:
 
 class EarlySizing:
     """`gpu_sizes` in a thread, started before kaudit is ready to run problem code: its job makes
-    the meta device ready meanwhile (3.5 s on the H200's host, beside kaudit's own 4.5-6 s
-    start) and sizes once `allow`ed; `refuse`d, it is stopped and sizes nothing."""
+    the meta device ready meanwhile (torch imports its compiler for it: 3.5 s on the H200's
+    host) and sizes once `allow`ed; `refuse`d, it is stopped and sizes nothing."""
 
     def __init__(self, files: list, options: Options) -> None:
         self.began = time.monotonic()
@@ -315,9 +315,10 @@ def audit_problems(paths: Iterable[str], options: Options,
         a GPU the turn is taken in the job's gate, its process and CUDA context made: on the
         H200 these took 1.7 s a job, and half the jobs had no wait for memory to make them in."""
         with contextlib.ExitStack() as stack:
+            gpu = None
             if slots is not None:
                 stack.enter_context(live_jobs)
-            gpu = stack.enter_context(slots.take()) if slots is not None else None
+                gpu = stack.enter_context(slots.take())
             if gpu is None:
                 stack.enter_context(turns)
             else:
