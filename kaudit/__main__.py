@@ -1,3 +1,3 @@
-from kaudit.cli import main
+from kaudit.cli import command
 
-main()
+command()

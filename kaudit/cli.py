@@ -546,15 +546,22 @@ def problems(
     raise typer.Exit(code)
 
 
-def main() -> NoReturn:
+def main() -> None:
     try:
         app()
-    except SystemExit as exit_:
-        leave(exit_.code)
     except Exception as exc:  # pragma: no cover - the last guard against a traceback
         stderr.print(f"kaudit: internal error: {exc.__class__.__name__}: {escape(str(exc))}",
                      soft_wrap=True)
-        leave(EXIT_ERROR)
+        sys.exit(EXIT_ERROR)
+
+
+def command() -> NoReturn:
+    """The `kaudit` command and `python -m kaudit`: `main`, then `leave` (a program that calls
+    `main` itself gets its SystemExit, as before)."""
+    try:
+        main()
+    except SystemExit as exit_:
+        leave(exit_.code)
     leave(0)
 
 
