@@ -578,11 +578,17 @@ def leave(code: object) -> NoReturn:
     else:  # sys.exit("message"): the message, and 1
         print(code, file=sys.stderr)
         status = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what the interpreter runs at exit
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said there
-            stream.flush()
+    # what the interpreter does at exit, in its order: idle pool workers woken and threads
+    # joined, then the atexit handlers
+    getattr(threading, "_shutdown", lambda: None)()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+    except Exception as exc:  # noqa: BLE001 - the report did not get out: not a success
+        if not isinstance(exc, BrokenPipeError):
+            with contextlib.suppress(Exception):
+                print(f"kaudit: could not write the output: {exc}", file=sys.stderr)
+        status = status or 120  # the interpreter's status for output it could not flush
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
     os._exit(status & 0xFF)

@@ -231,3 +231,16 @@ def test_kaudit_leaves_without_the_interpreters_teardown_but_loses_nothing():
                               capture_output=True, text=True, timeout=60)
         assert (done.returncode, done.stderr) == (status, stderr)
         assert done.stdout == "bufferedthread ran\natexit ran\n"
+    # an idle thread pool left open, as the interpreter's exit wakes it; output that could not
+    # be written is not a success (the interpreter's 120)
+    idle = ("from concurrent.futures import ThreadPoolExecutor\nfrom kaudit.cli import leave\n"
+            "pool = ThreadPoolExecutor(2)\npool.submit(print, 'x').result()\nleave(0)\n")
+    assert subprocess.run([sys.executable, "-c", idle], capture_output=True,
+                          timeout=60).returncode == 0
+    if os.path.exists("/dev/full"):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "kaudit", "explain", "KA004"],
+                                  stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                                  timeout=60)
+        assert done.returncode == 120 and "could not write the output" in done.stderr

@@ -540,6 +540,44 @@ def test_a_problems_job_starts_before_its_turn_and_takes_it_in_its_gate(problems
     assert most == {"started": 2, "turns": 1}
 
 
+def test_each_gpu_has_its_own_turns(problems_on_a_fake_gpu, monkeypatch):
+    """A job started ahead on one GPU waits for that GPU's turn, not for any turn: with two GPUs
+    and two jobs, each GPU runs one job at a time and both are used."""
+    import collections
+    import contextlib
+
+    from kaudit.dynamic.tolerance import resolve
+
+    monkeypatch.setattr(gpu_share, "visible_gpus", lambda: ["0", "1"])
+    fake, lock = runner._run_once, threading.Lock()
+    now, most = collections.Counter(), collections.Counter()
+
+    def launch(job: Job, gate=None) -> RunResult:
+        device = job.env["CUDA_VISIBLE_DEVICES"]
+
+        @contextlib.contextmanager
+        def counted():
+            with gate() as granted:
+                with lock:
+                    now[device] += 1
+                    most[device] = max(most[device], now[device])
+                try:
+                    yield granted
+                finally:
+                    with lock:
+                        now[device] -= 1
+
+        return fake(job, counted)
+
+    monkeypatch.setattr(runner, "_run_once", launch)
+    files = [str(ROOT / "fixtures" / "problems" / name) for name in
+             ("good_matmul.py", "bad_tiny_output.py", "bad_naive_softmax.py", "bad_nan_output.py")]
+    report = problems.audit_problems(files, problems.Options(resolve(None, None, None), jobs=2,
+                                                             seeds=2, timeout=120))
+    assert all(p.status == "ok" for p in report.problems), [p.error for p in report.problems]
+    assert most == {"0": 1, "1": 1}
+
+
 SHORT_OF_MEMORY_IN_FLOAT64 = """
 import torch
 
@@ -776,6 +814,14 @@ def test_the_sizing_job_starts_while_kaudit_prepares_and_sizes_once_let_go(monke
         time.sleep(0.5)
         yield {}
 
+    def broken(*args, **kwargs):
+        raise RuntimeError("the fork server could not start")
+
+    monkeypatch.setattr(problems, "gpu_sizes", broken)
+    with pytest.raises(RuntimeError, match="could not start"):
+        problems.EarlySizing(files, options).allow()  # in the audit's thread, not the sizing's
+    problems.EarlySizing(files, options).refuse()  # kaudit stopping: nothing more said
+
     job = Job(SIZES_TARGET, {"paths": files, "init_seed": 42}, timeout=120, gated=True)
     with runner.run_job(job, gate) as result:
         assert result.ok and list(result.value["sizes"]) == files, result.describe()
@@ -802,7 +848,10 @@ def test_the_sizing_counts_what_torchs_own_float64_convolutions_unfold():
     assert peak(torch.nn.ConvTranspose2d(4, 8, 3), (2, 4, 32, 32), torch.float32) == output / 2
     standard = peak(torch.nn.Conv2d(4, 8, 3, groups=2), (2, 4, 34, 34))
     grouped = 2 * 8 * 32 * 32 * 8
-    assert standard == grouped + (2 * 9 * 32 * 32 + grouped // 8) * 8, \
-        "a group's (C_in / 2 x 3 x 3) rows over the output, and the groups' outputs joined"
+    assert standard == grouped + (2 * 9 * 32 * 32 + 2 * 4 * 34 * 34 // 2 + grouped // 8) * 8, \
+        "a group's (C_in / 2 x 3 x 3) rows over the output, and each group's input and output"
     assert peak(torch.nn.Conv2d(4, 4, 3, groups=4), (2, 4, 34, 34)) == 2 * 4 * 32 * 32 * 8
     assert peak(torch.nn.Conv2d(4, 8, 1), (2, 4, 32, 32)) == grouped, "1x1: nothing unfolded"
+    assert peak(torch.nn.Conv2d(4, 8, 1, dilation=2), (2, 4, 32, 32)) == grouped + 4 * 32 * 32 * 8
+    assert peak(torch.nn.Conv3d(4, 8, 1), (2, 4, 8, 8, 8)) == (2 * 8 + 4) * 8 * 8 * 8 * 8, \
+        "3D ones unfold even at 1x1x1"

@@ -472,34 +472,48 @@ def test_float64_runs_use_torchs_own_kernels_not_cudnns(tmp_path):
     assert torch.backends.cudnn.enabled
 
 
-def test_judging_threads_share_the_cores_out_and_give_them_back(monkeypatch):
+def test_judging_threads_share_the_cores_out_and_give_them_back():
     """Each judging thread's operators run on its share of the cores (one each when there are
     more judging threads than cores), not on a team of one thread per core each."""
     import threading
 
     from kaudit.dynamic.limits import judging_threads
 
-    before = torch.get_num_threads()
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    original = torch.get_num_threads()
+    torch.set_num_threads(16)  # the host's cores, or what the user set
     seen = []
-    for jobs, share in ((24, 1), (4, 4), (0, 16)):
-        with judging_threads(jobs):
-            thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-            thread.start()
-            thread.join()
-        assert seen[-1] == share
-        assert torch.get_num_threads() == before
+    try:
+        for jobs, share in ((24, 1), (4, 4), (0, 16)):
+            with judging_threads(jobs):
+                thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+                thread.start()
+                thread.join()
+            assert seen[-1] == share
+            assert torch.get_num_threads() == 16
+    finally:
+        torch.set_num_threads(original)
 
 
-def test_no_problem_runs_before_kaudit_is_ready():
+def test_no_problem_runs_before_kaudit_is_ready(monkeypatch):
     """`before_jobs` (the CLI's preload and fingerprint of kaudit's code) is called once the
     problems are found and before any runs; when it fails, none runs."""
+    from kaudit.dynamic import problems
+
     fixture = PROBLEM_FIXTURES / "good_matmul.py"
-    options = Options(PRESETS["kernelbench"], device="cpu", timeout=TIMEOUT)
-    ready, ran = [], []
-    report = audit_problems([str(fixture)], options, before_jobs=lambda: ready.append(ran[:]),
+    options = Options(PRESETS["kernelbench"], device="cpu", timeout=TIMEOUT, jobs=2)
+    ready, ran, launched = [], [], []
+    real_run_job = problems.run_job
+
+    def run_job(job, *args):
+        launched.append(len(ready))  # how many times kaudit was ready when this job started
+        return real_run_job(job, *args)
+
+    monkeypatch.setattr(problems, "run_job", run_job)
+    report = audit_problems([str(fixture), str(PROBLEM_FIXTURES / "bad_tiny_output.py")],
+                            options, before_jobs=lambda: ready.append(True),
                             on_problem=lambda done, total, problem: ran.append(problem.path))
-    assert ready == [[]] and len(ran) == 1 and report.summary["preparation_s"] >= 0
+    assert ready == [True] and launched == [1, 1] and len(ran) == 2
+    assert report.summary["preparation_s"] >= 0
 
     def fails() -> None:
         raise RuntimeError("kaudit's own code could not be imported")
@@ -507,4 +521,4 @@ def test_no_problem_runs_before_kaudit_is_ready():
     with pytest.raises(RuntimeError, match="could not be imported"):
         audit_problems([str(fixture)], options, before_jobs=fails,
                        on_problem=lambda *args: ran.append("ran after a failed preparation"))
-    assert len(ran) == 1
+    assert len(ran) == 2 and launched == [1, 1], "no job started"

@@ -569,7 +569,7 @@ def test_a_forged_sizing_answer_sizes_nothing_it_was_not_asked(monkeypatch):
         "/elsewhere/b.py": {"params": 0, "inputs": 1, "outputs": 1, "twins": 1},
         "/problems/c.py": "not a record"}}
     monkeypatch.setattr(problem_sizing, "run_job",
-                        lambda job: RunResult(OK, value=forged))
+                        lambda job, gate=None: RunResult(OK, value=forged))
     assert problem_sizing.size_problems([asked, "/problems/c.py"], 42) == {
         asked: None, "/problems/c.py": None}
     forged["sizes"][asked] = {"params": 0, "inputs": 8, "outputs": -1, "twins": 4,

@@ -92,6 +92,7 @@ _lock = threading.Lock()
 _current: _Server | None = None
 _deaths = 0
 _disabled = ""  # why every job takes the plain path, once a server failed to start
+_stopping = False  # kaudit is exiting (`_at_exit`)
 _hooks_installed = False
 
 
@@ -138,7 +139,7 @@ def server_pid() -> int | None:
 
 
 def shutdown() -> None:
-    """Stop the server (at interpreter exit; the next job would start a new one)."""
+    """Stop the server (the next job would start a new one); a start under way is waited for."""
     global _current
     with _lock:
         server, _current = _current, None
@@ -163,8 +164,9 @@ def _server_for(env: Mapping[str, str]) -> _Server:
                 _current = _Server.start(key)
             except Unavailable as exc:
                 _disabled = str(exc)
-                warnings.warn(f"kaudit: {exc}; every job starts a fresh interpreter",
-                              RuntimeWarning, stacklevel=5)
+                if not _stopping:
+                    warnings.warn(f"kaudit: {exc}; every job starts a fresh interpreter",
+                                  RuntimeWarning, stacklevel=5)
         server, why = _current, _disabled
     if stale is not None:
         stale.retire()  # it leaves once its running jobs have ended
@@ -182,10 +184,18 @@ def _startup_environment(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(items.items()))
 
 
+def _at_exit() -> None:
+    """`shutdown` as kaudit exits: a start under way (kaudit exiting at once, on a usage error
+    say) is waited for, and its failure not said."""
+    global _stopping
+    _stopping = True
+    shutdown()
+
+
 def _install_hooks() -> None:
     global _hooks_installed
     if not _hooks_installed:
-        atexit.register(shutdown)
+        atexit.register(_at_exit)
         os.register_at_fork(after_in_child=_forget)
         _hooks_installed = True
 

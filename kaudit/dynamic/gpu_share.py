@@ -102,9 +102,10 @@ class GpuSlots:
         self.jobs = max(1, jobs)
         self.busy = {gpu: 0 for gpu in self.gpus}
         self.lock = threading.Lock()
+        #: the jobs that may run on one GPU at once
+        self.jobs_per_gpu = max(1, -(-self.jobs // max(1, len(self.gpus))))
         #: each job's share: the GPU's memory shared by the jobs that may run on it at once
-        self.fraction = round(GPU_MEMORY_SHARE / max(1, -(-self.jobs // max(1, len(self.gpus)))),
-                              3)
+        self.fraction = round(GPU_MEMORY_SHARE / self.jobs_per_gpu, 3)
 
     @contextlib.contextmanager
     def take(self) -> Iterator[GpuClaim | None]:

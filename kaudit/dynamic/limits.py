@@ -88,7 +88,8 @@ def memory_note(result: RunResult, limit: int | None) -> str:
 @contextlib.contextmanager
 def judging_threads(jobs: int) -> Iterator[None]:
     """torch's operator threads in kaudit's process while the outputs of `jobs` jobs at once
-    are judged: the cores shared out among them (at least one each), restored after.
+    are judged: its threads (the cores, or what the user set) shared out among them (at least
+    one each), restored after.
     Uncapped, each judging thread's operators ran on a team of one thread per core: on the
     H200's 16-core host, 24 judging threads beside 12 problem jobs kept 28 threads runnable
     and the cores 23-35 % in the kernel. A thread takes the number when it first runs an
@@ -96,7 +97,7 @@ def judging_threads(jobs: int) -> Iterator[None]:
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    torch.set_num_threads(max(1, before // max(1, jobs)))
     try:
         yield
     finally:

@@ -224,18 +224,23 @@ class EarlySizing:
         self._decided = threading.Event()
         self._allowed = False
         self._sizes: dict[str, GpuSize] = {}
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._size, args=(files, options),
                                         name="gpu-sizing", daemon=True)
         self._thread.start()
 
     def allow(self) -> dict[str, GpuSize]:
-        """Let the job size, and wait for its sizes."""
+        """Let the job size, and wait for its sizes; what sizing raised (kaudit stopping, say)
+        is raised here."""
         self._allowed = True
         self._decided.set()
         self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._sizes
 
     def refuse(self) -> None:
+        """Stop the job (kaudit is stopping): whatever it raised goes with it."""
         self._decided.set()
         self._thread.join()
 
@@ -247,9 +252,14 @@ class EarlySizing:
         yield {}
 
     def _size(self, files: list, options: Options) -> None:
-        with contextlib.suppress(JobsRefused):
+        try:
             self._sizes = gpu_sizes(files, options, gate=self._gate)
-        self.seconds = time.monotonic() - self.began
+        except JobsRefused:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - raised by `allow`, in the audit's thread
+            self._error = exc
+        finally:
+            self.seconds = time.monotonic() - self.began
 
 
 class JobsRefused(Exception):
@@ -288,6 +298,9 @@ def audit_problems(paths: Iterable[str], options: Options,
     # each more holds a context (518 MiB on the H200) and the host's cores: 12 ahead of 12
     # turns made -j 12 take 76.6 s, against 70.2 s with none
     turns = threading.Semaphore(max(1, options.jobs))
+    # on a GPU, each GPU's own turns: a job started ahead on one GPU waits for that GPU's turn
+    gpu_turns = {gpu: threading.Semaphore(slots.jobs_per_gpu) for gpu in slots.gpus} \
+        if slots is not None else {}
     workers = options.jobs * (2 if slots else 1)
     live_jobs = threading.Semaphore(options.jobs + max(1, options.jobs // STARTED_AHEAD))
 
@@ -324,7 +337,8 @@ def audit_problems(paths: Iterable[str], options: Options,
             else:
                 sized = sizes.get(_key(file))
                 gpu.need = sized.need if sized is not None else None
-                gpu.turn = lambda: turns
+                turn = gpu_turns[gpu.device]
+                gpu.turn = lambda: turn
             yield gpu
 
     def run(file: str, shown: str, model: tuple[int, list[str]], options: Options

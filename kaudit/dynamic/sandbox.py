@@ -209,6 +209,9 @@ def _launch_plain(job: Launch) -> Exit:
         except subprocess.TimeoutExpired:
             _stop(process)
             return Exit(process.returncode, timed_out=True)
+        except BaseException:  # a gate that failed (kaudit stopping): the job stopped, reaped
+            _stop(process)
+            raise
     finally:
         _kill_group(process.pid)  # helpers the job forked into its group
         with _lock:

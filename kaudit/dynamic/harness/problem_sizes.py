@@ -179,22 +179,23 @@ def _unfolded_bytes(torch: Any, args: tuple, output: Any) -> int:
     """What torch's own convolution kernels, which the float64 runs use (cuDNN off:
     `problem_job.float64_kernels`), hold besides the output of a float64 convolution: its
     input unfolded, one sample and one group at a time, into (C / groups x kernel) rows over
-    the input's positions (transposed) or the output's; plus, when grouped, each group's output
-    before they are joined. Depthwise and plain 1x1 convolutions unfold nothing. On the H200
-    a 3D transposed convolution held 14.7 GiB in float64 where its output takes 2.3: 10 GiB
-    of it unfolded."""
-    x, weight, _bias, stride, padding, _dilation, transposed, _extra, groups = args[:9]
+    the input's positions (transposed) or the output's; plus, when grouped, each group's input
+    and output apart. Depthwise convolutions unfold nothing, nor plain 1x1 ones in 1 and 2
+    dimensions (undilated, unstrided, unpadded; 3D ones always unfold). On the H200 a 3D
+    transposed convolution held 14.7 GiB in float64 where its output takes 2.3: 10 GiB of it
+    unfolded."""
+    x, weight, _bias, stride, padding, dilation, transposed, _extra, groups = args[:9]
     if x.dtype != torch.float64 or weight.dim() < 3:
         return 0
     depthwise = not transposed and groups == x.shape[1] and weight.shape[1] == 1
-    pointwise = not transposed and all(k == 1 for k in weight.shape[2:]) and \
-        all(s == 1 for s in stride) and not any(padding)
+    pointwise = not transposed and x.dim() < 5 and all(k == 1 for k in weight.shape[2:]) and \
+        all(s == 1 for s in stride) and all(d == 1 for d in dilation) and not any(padding)
     if depthwise or pointwise:
         return 0
     rows = weight.shape[1] * math.prod(weight.shape[2:])
     positions = math.prod((x if transposed else output).shape[2:])
-    joined = output.numel() if groups > 1 else 0
-    return (rows * positions + joined) * x.element_size()
+    apart = x.numel() // groups + output.numel() if groups > 1 else 0
+    return (rows * positions + apart) * x.element_size()
 
 
 def _flop_counter() -> Any:
