@@ -195,6 +195,9 @@ def _at_exit() -> None:
 def _install_hooks() -> None:
     global _hooks_installed
     if not _hooks_installed:
+        # after kaudit's temporary folder registered its removal: atexit runs the last
+        # registered first, so the server is stopped before its folder is removed
+        scratch.own_folder()
         atexit.register(_at_exit)
         os.register_at_fork(after_in_child=_forget)
         _hooks_installed = True

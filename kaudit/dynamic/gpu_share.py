@@ -79,8 +79,8 @@ class GpuClaim:
     #: KernelBench level 1, problems needing 3 GiB held 16 for 20 s); after running out, it asks
     #: twice that, then WIDE_SHARE
     need: float | None = None
-    #: what a gated job's run also holds, taken first in its gate (`kaudit problems`: its turn
-    #: among the -j problems on the GPU, taken once the job's process and CUDA context are made)
+    #: what a run also holds, taken first (`kaudit problems`: its turn among the -j problems on
+    #: the GPU, taken in its gate once the job's process and CUDA context are made)
     turn: Callable[[], contextlib.AbstractContextManager] | None = None
 
 
@@ -310,7 +310,7 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
             nonlocal waited
             started = time.monotonic()
             with contextlib.ExitStack() as stack:
-                for hold in ((claim.turn,) if claim.turn and job.gated else ()) + holds:
+                for hold in ((claim.turn,) if claim.turn else ()) + holds:
                     stack.enter_context(hold())
                 waited += time.monotonic() - started
                 before()

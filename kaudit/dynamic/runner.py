@@ -528,9 +528,6 @@ def start_fork_server() -> None:
     comes; a server that cannot start is found out, and said, by that job."""
     if not forkserver.wanted():
         return
-    # kaudit's own temporary folder first: at exit, atexit handlers run last made first, so the
-    # server (stopped by `forkserver.shutdown`) is gone before its folder is removed
-    scratch.own_folder()
     env = _job_environment(Path(os.devnull), {})  # a job's own paths do not choose its server
     threading.Thread(target=forkserver.warm, args=(env,), name="forkserver-start",
                      daemon=True).start()
