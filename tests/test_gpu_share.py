@@ -721,50 +721,6 @@ def test_a_problems_peak_is_what_its_job_holds_at_once():
     assert problems.job_peak(ProblemSize(0, 6 * gib, None)) == 12 * gib
 
 
-def test_live_bytes_follow_storages_not_tensors():
-    """A storage lives while any tensor holds it: a 3-D matmul's result (an unsafe view of the
-    product) and a detached tensor keep theirs alive after the first tensor is gone."""
-    torch = pytest.importorskip("torch", reason="the sizing job needs torch")
-    from kaudit.dynamic.harness.problem_sizes import _LiveBytes
-
-    mib = 1 << 20
-
-    def peak(forward, *shapes):
-        values = [torch.empty(shape, device="meta") for shape in shapes]
-        with torch.no_grad(), _LiveBytes(torch) as live:
-            forward(*values)
-        return live.peak / mib
-
-    assert peak(lambda a, b: torch.matmul(a, b) * 2, (2, 256, 1024), (1024, 256)) == 1.0
-    assert peak(lambda x: (lambda y: y * torch.sigmoid(y))(torch.matmul(x, x.mT)),
-                (2, 256, 256)) == 1.5
-
-    def detached(x):
-        y = x * 2
-        kept = y.detach()
-        del y
-        return kept + 1
-
-    assert peak(detached, (256, 1024)) == 2.0
-    assert peak(lambda x: torch.empty(0, device="meta").resize_(256, 1024) + 0, (1,)) == 2.0
-
-
-def test_the_sizing_job_sees_the_temporaries_forward_makes(tmp_path):
-    """Swish's sigmoid lives beside its product: forward holds twice its output at once."""
-    pytest.importorskip("torch", reason="the sizing job needs torch")
-    from kaudit.dynamic.problem_sizing import size_problems
-
-    problem = tmp_path / "swish.py"
-    problem.write_text("import torch\n\nclass Model(torch.nn.Module):\n"
-                       "    def forward(self, x):\n        return x * torch.sigmoid(x)\n\n"
-                       "def get_inputs():\n    return [torch.rand(64, 1024)]\n\n"
-                       "def get_init_inputs():\n    return []\n")
-    size = size_problems([str(problem)], 42)[str(problem)]
-    output = 64 * 1024 * 4
-    assert (size.outputs, size.forward) == (output, 2 * output)
-    assert (size.inputs64, size.forward64) == (2 * output, 4 * output)
-
-
 def test_problems_start_with_the_most_memory_and_work():
     """Ordered by memory alone, KernelBench level 1's slowest problem (little memory, much
     work) started late and ran alone at the end."""
@@ -826,32 +782,3 @@ def test_the_sizing_job_starts_while_kaudit_prepares_and_sizes_once_let_go(monke
     with runner.run_job(job, gate) as result:
         assert result.ok and list(result.value["sizes"]) == files, result.describe()
         assert {"warm-up", "go", "size"} <= set(result.phases)
-
-
-def test_the_sizing_counts_what_torchs_own_float64_convolutions_unfold():
-    """The float64 runs use torch's own convolutions (cuDNN off), which unfold their input, a
-    sample and a group at a time: sized without it, 12 of KernelBench level 1's convolutions ran
-    out of memory at their ask on the H200 and ran again (a 3D transposed one three times)."""
-    torch = pytest.importorskip("torch", reason="the sizing job needs torch")
-    from kaudit.dynamic.harness.problem_sizes import _LiveBytes
-
-    def peak(layer, shape, dtype=torch.float64):
-        layer = layer.to(device="meta", dtype=dtype)
-        given = torch.empty(shape, device="meta", dtype=dtype)
-        with torch.no_grad(), _LiveBytes(torch) as live:
-            layer(given)
-        return live.peak
-
-    output = 2 * 8 * 34 * 34 * 8  # (2, 8, 34, 34) in float64
-    transposed = peak(torch.nn.ConvTranspose2d(4, 8, 3), (2, 4, 32, 32))
-    assert transposed == output + 8 * 9 * 32 * 32 * 8, "(C_out x 3 x 3) rows over its input"
-    assert peak(torch.nn.ConvTranspose2d(4, 8, 3), (2, 4, 32, 32), torch.float32) == output / 2
-    standard = peak(torch.nn.Conv2d(4, 8, 3, groups=2), (2, 4, 34, 34))
-    grouped = 2 * 8 * 32 * 32 * 8
-    assert standard == grouped + (2 * 9 * 32 * 32 + 2 * 4 * 34 * 34 // 2 + grouped // 8) * 8, \
-        "a group's (C_in / 2 x 3 x 3) rows over the output, and each group's input and output"
-    assert peak(torch.nn.Conv2d(4, 4, 3, groups=4), (2, 4, 34, 34)) == 2 * 4 * 32 * 32 * 8
-    assert peak(torch.nn.Conv2d(4, 8, 1), (2, 4, 32, 32)) == grouped, "1x1: nothing unfolded"
-    assert peak(torch.nn.Conv2d(4, 8, 1, dilation=2), (2, 4, 32, 32)) == grouped + 4 * 32 * 32 * 8
-    assert peak(torch.nn.Conv3d(4, 8, 1), (2, 4, 8, 8, 8)) == (2 * 8 + 4) * 8 * 8 * 8 * 8, \
-        "3D ones unfold even at 1x1x1"

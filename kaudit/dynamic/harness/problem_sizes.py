@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
+import types
 import weakref
 from typing import Any
 
@@ -27,6 +29,8 @@ SIZES_FILE = "sizes.json"
 
 def size_problems(args: dict, out_dir: str) -> dict:
     import torch
+
+    _compiler_on_demand(torch)
 
     if args.get("go"):  # started while the parent prepares: a first sizing's cost paid meanwhile
         with phase("warm-up"):
@@ -45,9 +49,7 @@ def size_problems(args: dict, out_dir: str) -> dict:
 
 
 def _warm_up(torch: Any) -> None:
-    """Size a small model, no problem's: the meta device's first use imports torch's compiler
-    (`torch._disable_dynamo` wraps its Python kernels), most of a sizing job's time: 1.2 s of
-    1.6 s on two cores, 3.5 s on the H200's host."""
+    """Size a small model, no problem's: what the meta device's first use loads."""
     with torch.device("meta"):
         model, inputs = torch.nn.Linear(2, 2), torch.rand(1, 2)
     counter = _flop_counter()
@@ -96,6 +98,31 @@ def _size(torch: Any, name: str, path: str, init_seed: int) -> dict:
     except Exception as exc:  # noqa: BLE001 - the problem job's float64 runs are optional too
         found["error"] = f"float64: {type(exc).__name__}: {str(exc)[:300]}"
     return found
+
+
+def _compiler_on_demand(torch: Any) -> None:
+    """Stand a stub in for `torch._dynamo` until something asks it for more than `disable`.
+    `torch._disable_dynamo`, which wraps the meta device's Python kernels and every dispatch
+    mode's `__torch_dispatch__`, imports torch's compiler at a wrapped function's first call to
+    exclude that function from compiling: most of a sizing job's time (1.0 s of 1.2 on two
+    cores, 3.5 s on the H200's host). Nothing compiles here, so the function itself is what
+    excluding gives; a problem that compiles asks for more and gets the real compiler."""
+    if "torch._dynamo" in sys.modules or not hasattr(torch, "_disable_dynamo"):
+        return
+    sys.modules["torch._dynamo"] = _CompilerStub("torch._dynamo")
+
+
+class _CompilerStub(types.ModuleType):
+    @staticmethod
+    def disable(fn: Any = None, recursive: bool = True, **_: Any) -> Any:
+        return fn if fn is not None else (lambda inner: inner)
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        import importlib
+
+        return getattr(importlib.import_module(self.__name__), name)
 
 
 def _float64_run(torch: Any, model: Any, inputs: list) -> dict[str, int]:
