@@ -127,3 +127,36 @@ def test_the_sizing_job_sizes_without_importing_torchs_compiler(tmp_path):
     assert asked["compiler"] == "module", "asked for its config, the real compiler is loaded"
     assert asked["sizes"][str(compiles)]["error"] is None
     assert asked["sizes"][str(compiles)]["forward"] == real["sizes"][str(conv)]["forward"]
+
+
+def test_problems_are_sized_by_jobs_side_by_side(tmp_path, monkeypatch):
+    """A job sized KernelBench level 1's 100 problems in about 3 s on the H200's host, before
+    the first problem could start: each of `jobs` jobs sizes every `jobs`-th problem, and the
+    sizes are those one job finds."""
+    pytest.importorskip("torch", reason="the sizing job needs torch")
+    from kaudit.dynamic import problem_sizing
+
+    paths = []
+    for width in (64, 128, 256):
+        problem = tmp_path / f"relu_{width}.py"
+        problem.write_text("import torch\n\nclass Model(torch.nn.Module):\n"
+                           "    def forward(self, x):\n        return torch.relu(x)\n\n"
+                           f"def get_inputs():\n    return [torch.rand(8, {width})]\n\n"
+                           "def get_init_inputs():\n    return []\n")
+        paths.append(str(problem))
+    asked, real_run = [], problem_sizing.run_job
+    monkeypatch.setattr(problem_sizing, "run_job",
+                        lambda job, gate=None: asked.append(job.args["paths"]) or real_run(job, gate))
+    together = problem_sizing.size_problems(paths, 42, jobs=2)
+    assert sorted(asked, key=len) == [[paths[1]], [paths[0], paths[2]]]
+    assert together == problem_sizing.size_problems(paths, 42)
+    assert [together[path].inputs for path in paths] == [8 * 64 * 4, 8 * 128 * 4, 8 * 256 * 4]
+
+
+def test_as_many_sizing_jobs_as_the_problems_and_the_cores_are_worth(monkeypatch):
+    from kaudit.dynamic.problem_sizing import sizing_jobs
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert (sizing_jobs(100), sizing_jobs(30), sizing_jobs(5)) == (4, 2, 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert sizing_jobs(100) == 1

@@ -32,7 +32,7 @@ from kaudit.dynamic import forkserver, scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, judging_threads
-from kaudit.dynamic.problem_sizing import ProblemSize, size_problems
+from kaudit.dynamic.problem_sizing import ProblemSize, size_problems, sizing_jobs
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
     ProblemResult,
@@ -144,12 +144,10 @@ class GpuSize:
 def gpu_sizes(files: list, options: Options, timeout: float = 120.0,
               gate: Gate | None = None) -> dict[str, GpuSize]:
     """What each KernelBench-shaped problem file is expected to take on the GPU (by path), from
-    one CPU job that sizes them on torch's meta device; problems it could not size, and every
-    problem when it failed, are left out (they start at their share). One job, not several side
-    by side: the meta device's first use (torch imports its compiler for it) is most of a
-    sizing job's time, 2.3 s for one problem and 2.4 s for KernelBench level 1's 100 on two
-    cores, where jobs of 12 side by side took 9.8 s. With a `gate`, the job makes the meta
-    device ready at once and sizes once the gate is entered (`size_problems`)."""
+    CPU jobs that size them on torch's meta device (`sizing_jobs` of them); problems they could
+    not size, and every problem of a job that failed, are left out (they start at their share).
+    With a `gate`, the jobs make the meta device ready at once and size once the gate is
+    entered (`size_problems`)."""
     paths = [os.path.abspath(f) for f in files if isinstance(f, str)]
     gpus = visible_gpus()
     memory = gpu_memory(gpus[0]) if gpus and paths else None
@@ -157,7 +155,8 @@ def gpu_sizes(files: list, options: Options, timeout: float = 120.0,
         return {}
     return {path: GpuSize((PEAK_MARGIN * job_peak(size) + FIXED_BYTES) / memory.total,
                           size.flops)
-            for path, size in size_problems(paths, options.init_seed, timeout, gate).items()
+            for path, size in size_problems(paths, options.init_seed, timeout, gate,
+                                            sizing_jobs(len(paths))).items()
             if size is not None}
 
 
@@ -214,9 +213,9 @@ def resolve_device(requested: str) -> str:
 
 
 class EarlySizing:
-    """`gpu_sizes` in a thread, started before kaudit is ready to run problem code: its job makes
-    the meta device ready meanwhile (torch imports its compiler for it: 3.5 s on the H200's
-    host) and sizes once `allow`ed; `refuse`d, it is stopped and sizes nothing."""
+    """`gpu_sizes` in a thread, started before kaudit is ready to run problem code: its jobs
+    start meanwhile and make the meta device ready, and size once `allow`ed; `refuse`d, they
+    are stopped and size nothing."""
 
     def __init__(self, files: list, options: Options) -> None:
         self.began = time.monotonic()
