@@ -39,6 +39,7 @@ from kaudit.dynamic.kernels import (
     KernelTask,
     audit_entry,
     incomplete,
+    least_disk_first,
     problem_text,
 )
 from kaudit.dynamic.options import RAY_MISSING, DynamicOptions
@@ -98,7 +99,9 @@ class LocalExecutor:
             with judging_threads(options.jobs):
                 pool = ThreadPoolExecutor(max_workers=options.jobs)
                 try:
-                    for future in [pool.submit(one, task) for task in tasks]:
+                    started = [pool.submit(one, task)
+                               for task in least_disk_first(tasks, options, device)]
+                    for future in started:
                         future.result()
                 except BaseException:  # interrupted: the kernels not started yet are not started
                     pool.shutdown(wait=False, cancel_futures=True)

@@ -160,10 +160,26 @@ class SizeMemo:
         self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
 
+    def size_all(self, paths: list[str], init_seed: int) -> dict[str, ProblemSize | None]:
+        """The sizes of `paths` by path (None: unknown), those not known yet sized at once
+        (`size_problems` in `sizing_jobs` jobs side by side), not one job per problem as audits
+        reach them; a problem the jobs did not size is sized again when an audit asks."""
+        keys = {path: self._key(path, init_seed) for path in dict.fromkeys(paths)}
+        with self._lock:
+            missing = {key: os.path.abspath(path) for path, key in keys.items()
+                       if key is not None and key not in self._sizes}
+        unknown = list(dict.fromkeys(missing.values()))
+        found = size_problems(unknown, init_seed, jobs=sizing_jobs(len(unknown))) \
+            if unknown else {}
+        with self._lock:
+            self._sizes.update((key, found[path]) for key, path in missing.items()
+                               if path in found)
+            return {path: self._sizes.get(key) if key is not None else None
+                    for path, key in keys.items()}
+
     def size(self, path: str, init_seed: int) -> ProblemSize | None:
-        try:
-            key = (hashlib.sha256(Path(path).read_bytes()).hexdigest(), init_seed)
-        except OSError:
+        key = self._key(path, init_seed)
+        if key is None:
             return None
         with self._lock:
             if len(self._locks) > self.MAX_MEMO:
@@ -182,6 +198,13 @@ class SizeMemo:
                 if path in found:
                     self._sizes[key] = found[path]
             return found.get(path)
+
+    @staticmethod
+    def _key(path: str, init_seed: int) -> tuple[str, int] | None:
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest(), init_seed
+        except OSError:
+            return None
 
 
 #: the process's sizes (`scan --dynamic`)
