@@ -62,9 +62,9 @@ def size_problems(paths: list[str], init_seed: int, timeout: float = 120.0,
 
 
 def sizing_jobs(problems: int) -> int:
-    """How many sizing jobs share `problems`: a job sizes KernelBench level 1's 100 in about
-    3 s on the H200's host, where a job's start takes a few tenths; one job a dozen problems
-    and four cores, at most four (two cores: one job)."""
+    """How many sizing jobs share `problems`: one job took 1.2-3.5 s after its go for
+    KernelBench level 1's 100 on the H200's host, before the first problem could start; one
+    job per dozen problems and per four cores, at most four (two cores: one job)."""
     return max(1, min(MAX_SIZING_JOBS, problems // 12, (os.cpu_count() or 1) // 4))
 
 

@@ -105,7 +105,7 @@ def _compiler_on_demand(torch: Any) -> None:
     `torch._disable_dynamo`, which wraps the meta device's Python kernels and every dispatch
     mode's `__torch_dispatch__`, imports torch's compiler at a wrapped function's first call to
     exclude that function from compiling: most of a sizing job's time (1.0 s of 1.2 on two
-    cores, 3.5 s on the H200's host). Nothing compiles here, so the function itself is what
+    cores; 3.5-4.6 s on the H200's host). Nothing compiles here, so the function itself is what
     excluding gives; a problem that compiles asks for more and gets the real compiler."""
     if "torch._dynamo" in sys.modules or not hasattr(torch, "_disable_dynamo"):
         return
@@ -113,6 +113,9 @@ def _compiler_on_demand(torch: Any) -> None:
 
 
 class _CompilerStub(types.ModuleType):
+    """`torch._dynamo` while nothing compiles: `disable` gives the function itself; any other
+    name loads the real module in its place and is taken from it."""
+
     @staticmethod
     def disable(fn: Any = None, recursive: bool = True, **_: Any) -> Any:
         return fn if fn is not None else (lambda inner: inner)
