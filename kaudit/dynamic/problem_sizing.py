@@ -172,6 +172,7 @@ class SizeMemo:
         found = size_problems(unknown, init_seed, jobs=sizing_jobs(len(unknown))) \
             if unknown else {}
         with self._lock:
+            self._bound()
             self._sizes.update((key, found[path]) for key, path in missing.items()
                                if path in found)
             return {path: self._sizes.get(key) if key is not None else None
@@ -182,9 +183,7 @@ class SizeMemo:
         if key is None:
             return None
         with self._lock:
-            if len(self._locks) > self.MAX_MEMO:
-                self._sizes.clear()
-                self._locks.clear()
+            self._bound()
             lock = self._locks.setdefault(key, threading.Lock())
             if key in self._sizes:
                 return self._sizes[key]
@@ -198,6 +197,12 @@ class SizeMemo:
                 if path in found:
                     self._sizes[key] = found[path]
             return found.get(path)
+
+    def _bound(self) -> None:
+        """At most MAX_MEMO texts, however they were sized (called holding `_lock`)."""
+        if max(len(self._sizes), len(self._locks)) > self.MAX_MEMO:
+            self._sizes.clear()
+            self._locks.clear()
 
     @staticmethod
     def _key(path: str, init_seed: int) -> tuple[str, int] | None:
