@@ -129,49 +129,22 @@ class BuildCache:
     @contextlib.contextmanager
     def use(self, text: str) -> Iterator[str]:
         """The build folder of kernel `text`, checked, for one job at a time; recorded after."""
-        key, folder, lock = self._entry(text)
-        with lock, self._file_lock(key), self._checked(key, folder) as path:
-            yield path
-
-    @contextlib.contextmanager
-    def unbuilt(self, text: str) -> Iterator[str | None]:
-        """As `use`, for a build ahead of the kernel's jobs (`prebuild`): None, at once, when a
-        job has built into the folder (in this scan or, persistent, an earlier one) or holds
-        it now."""
-        key, folder, lock = self._entry(text)
-        if not lock.acquire(blocking=False):
-            yield None
-            return
-        try:
-            with self._file_lock(key, wait=False) as locked:
-                recorded = self._load(key) if self.persistent else self._records.get(key)
-                if not locked or recorded is not None:
-                    yield None
-                    return
-                with self._checked(key, folder) as path:
-                    yield path
-        finally:
-            lock.release()
-
-    def _entry(self, text: str) -> tuple[str, Path, threading.Lock]:
         key = self.key(text)
         with self._lock:
             if self.root is None:
                 self.root = scratch.folder()
             self.root.mkdir(parents=True, exist_ok=True)
             lock = self._locks.setdefault(key, threading.Lock())
-        return key, self.root / key, lock
-
-    @contextlib.contextmanager
-    def _checked(self, key: str, folder: Path) -> Iterator[str]:
-        if not self._intact(key, folder):
-            self.discarded.append(key)
-            shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            yield str(folder)
-        finally:
-            self._record(key, folder)
+        folder = self.root / key
+        with lock, self._file_lock(key):
+            if not self._intact(key, folder):
+                self.discarded.append(key)
+                shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                yield str(folder)
+            finally:
+                self._record(key, folder)
 
     def _intact(self, key: str, folder: Path) -> bool:
         if not folder.exists():

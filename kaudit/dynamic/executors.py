@@ -1,5 +1,4 @@
-"""Where each kernel's audit runs: this machine (`LocalExecutor`, which also compiles the
-kernels' extensions ahead of their audits: `prebuild`) or a Ray cluster (`RayExecutor`,
+"""Where each kernel's audit runs: this machine (`LocalExecutor`) or a Ray cluster (`RayExecutor`,
 `--executor ray`). Both run the same per-kernel audit (`kernels.audit_entry`: the fork server, the
 OS sandbox, poisoned jobs, judging) and hand each `KernelRun` back to the driver the moment it
 ends, where the pass streams it, shows progress and writes the dynamic result cache.
@@ -44,7 +43,6 @@ from kaudit.dynamic.kernels import (
     problem_text,
 )
 from kaudit.dynamic.options import RAY_MISSING, DynamicOptions
-from kaudit.dynamic.prebuild import Prebuilds
 from kaudit.dynamic.problems import resolve_device
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.selfcheck import Installation, InstallationChanged, jobs_guarded, prepare_jobs
@@ -85,13 +83,11 @@ class LocalExecutor:
         options = self.options
         builds = BuildCache(options.extensions_dir)
         slots = GpuSlots(options.jobs) if device == "cuda" else None
-        prebuilds = Prebuilds(builds, options, device, slots)
         lock = threading.Lock()
 
         def one(task: KernelTask) -> None:
             started = time.monotonic()
             run = audit_entry(task.item, task.text, options, device, slots, builds)
-            prebuilds.ended(task, run)
             with lock:
                 done(task, run, time.monotonic() - started)
 
@@ -103,19 +99,16 @@ class LocalExecutor:
             with judging_threads(options.jobs):
                 pool = ThreadPoolExecutor(max_workers=options.jobs)
                 try:
-                    ordered = least_disk_first(tasks, options, device)
-                    prebuilds.start(ordered)
-                    started = [pool.submit(one, task) for task in ordered]
+                    started = [pool.submit(one, task)
+                               for task in least_disk_first(tasks, options, device)]
                     for future in started:
                         future.result()
                 except BaseException:  # interrupted: the kernels not started yet are not started
                     pool.shutdown(wait=False, cancel_futures=True)
-                    prebuilds.close(wait=False)
                     raise
                 finally:
                     pool.shutdown(wait=True)
         finally:
-            prebuilds.close()
             builds.close()
 
 

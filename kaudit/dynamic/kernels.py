@@ -162,12 +162,6 @@ def cuda_reason(text: str, triton_interpreter: bool | None = None) -> str | None
     return None
 
 
-def compile_env() -> dict[str, str]:
-    """What a kernel's jobs compile with: torch's extension builds run ninja with every core
-    unless the caller chose (`MAX_JOBS`)."""
-    return {"MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
-
-
 def uses_triton(text: str) -> bool:
     return bool(_TRITON.search(text))
 
@@ -302,7 +296,7 @@ def audit_entry(item: WorkItem, text: str, options: DynamicOptions, device: str,
             if item.text is not None and not wrapped:
                 folder = scratch.folder()  # a neutral name: the job sees this path
                 stack.callback(scratch.remove, folder)
-                file = materialise_record(item, text, str(folder))
+                file = _materialise_record(item, text, str(folder))
             gpu = stack.enter_context(slots.take()) if slots else None
             if wrapped:
                 return adapted.audit(item, text, options, device, gpu=gpu, builds=builds)
@@ -373,7 +367,7 @@ def least_disk_first(tasks: list[KernelTask], options: DynamicOptions,
     return sorted(tasks, key=writes)
 
 
-def materialise_record(item: WorkItem, text: str, folder: str) -> str:
+def _materialise_record(item: WorkItem, text: str, folder: str) -> str:
     """Write a JSONL record's kernel to `folder/kernel.py` and, when the record has a `ref_code`,
     that to `folder/problem.py` (found as its sibling problem); returns the kernel's path."""
     kernel = os.path.join(folder, "kernel.py")
@@ -530,7 +524,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
             interpreted = device == "cpu" and uses_triton(text)
             if interpreted:
                 env = {**env, "TRITON_INTERPRET": "1"}
-            env = {**env, **compile_env()}
+            # torch's extension builds: ninja with every core unless the caller chose
+            env = {**env, "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)}
             schedule = random.Random(f"{options.key}\0{run.path}")
             kernel = os.path.abspath(file)
             visible = (os.path.dirname(kernel), os.path.dirname(problem))

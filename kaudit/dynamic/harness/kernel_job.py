@@ -40,10 +40,6 @@ When ModelNew's own initialisation under the init seed set some entry of the cop
 otherwise (`own_init_differs`), a last model is built without the copy, as KernelBench builds it,
 and called on inputs B, then A (`own_b.pt`, `own_a.pt`).
 
-`run_build` only imports the kernel file, where `load_inline` compiles its extensions into the
-kernel's build folder, ahead of its audit's jobs (`kaudit.dynamic.prebuild`); nothing of it is
-judged.
-
 After every call: the inputs are compared with their originals (the first call that changed them
 saves them as `inputs_after.pt`, KD402); threads started during the call and still running when it
 returned are listed (KD404); and `guard.Watch` lists what was rebound (KD405).
@@ -400,19 +396,6 @@ def run_candidate(args: dict, out_dir: str) -> dict:
         violations, _ = guards.check_guards([])
         info["guard_violations"] += [{**v, "run": "unpoisoned"} for v in violations]
     return info
-
-
-def run_build(args: dict, out_dir: str) -> dict:
-    import torch
-
-    _out_dir[:] = [out_dir]
-    use_build_folder(args, out_dir)
-    fraction = args.get("gpu_memory_fraction")
-    if fraction and args.get("device") == "cuda":
-        torch.cuda.set_per_process_memory_fraction(float(fraction))
-    with phase("import"):  # load_inline compiles here
-        import_file("kernel", args["kernel"])
-    return {}
 
 
 def use_build_folder(args: dict, out_dir: str) -> None:
