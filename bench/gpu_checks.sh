@@ -19,7 +19,8 @@
 # gpu.txt the GPU (busy share, memory used) twice a second.
 # A check's remainder after a run cut short: ADV_K (pytest -k for adversarial), FIXTURES (kernel
 # files), KBX_DONE (record line numbers already judged). PROBLEM_JOBS: `problems`' -j (default 8);
-# CUDAL1_JOBS: `cudal1_full`'s (default 14).
+# CUDAL1_JOBS: `cudal1_full`'s (default 14). CORPUS: the corpus checks' tree (default
+# .corpora/real80). CHECK_WORK: what later commands reuse (default build/gpu-checks).
 set -u
 DEV=${DEV:-cuda}  # DEV=cpu tries the script itself on a machine without a GPU
 export PYTHONUNBUFFERED=1 KAUDIT_TEST_DEVICE=$DEV DEV
@@ -30,13 +31,17 @@ if ! python3 -c "import tree_sitter, sarif_om" 2>/dev/null && ls .whl/*.whl >/de
   # the source tree as kaudit (its rules/ folder is kaudit.rules)
   ln -sfn ../rules kaudit/rules; export PYTHONPATH=$PWD:/tmp/site
 fi
-# kaudit's key (which signs the result and build caches) in .kwork: a new command may not keep the
-# home folder, and a cache signed with another key is not trusted (the warm corpus run built again)
-export XDG_CONFIG_HOME=$PWD/.kwork/config
+# What later commands on the same machine reuse (kaudit's key, which signs the result and build
+# caches; the corpus runs' and cudal1_full's caches) in $W, a folder the repository's .gitignore
+# ignores: the device machine keeps those between commands, and removed .kwork, which only this
+# checkout's .git/info/exclude ignores (a warm corpus run of the thirteenth session compiled
+# everything again). A new command may not keep the home folder either.
+export W=${CHECK_WORK:-$PWD/build/gpu-checks}
+export XDG_CONFIG_HOME=$W/config
 export R L K="python3 -m kaudit scan --dynamic --device $DEV --fail-on never --no-cache -f json"
 say() { echo "== $(date +%T) $*" >> "$L"; }
 pack() {  # the corpus runs' streams too: a run killed by its limit leaves only those
-  cp .kwork/corpus/*.jsonl .kwork/corpus/*.stderr "$R/" 2>/dev/null
+  cp "$W"/corpus/*.jsonl "$W"/corpus/*.stderr "$R/" 2>/dev/null
   tar czf "$OUT/res.tgz" -C /tmp res 2>/dev/null; cp "$L" "$OUT/log.txt"; }
 scan() {  # NAME PATH [options...]: a scan with its stream and report in $R
   local name=$1 path=$2; shift 2
@@ -67,10 +72,11 @@ check() {
     problems) local jobs=${PROBLEM_JOBS:-8}  # PROBLEM_JOBS: its -j
       python3 bench/problems_speed.py .corpora/kb/level1 --device $DEV --jobs $jobs \
         --limit-s $((LIMIT - 20)) --json "$R/problems_l1_j$jobs.json" ;;
-    corpus|corpus_cold|corpus_warm)  # cold and warm split over two commands share .kwork/corpus
-      only=${1#corpus}; python3 bench/dynamic_corpus.py .corpora/real80 --problems .corpora/kb \
+    corpus|corpus_cold|corpus_warm)  # cold and warm split over two commands share $W/corpus;
+      # CORPUS: another tree of kernels in KernelBench's layout (default the 80 real kernels)
+      only=${1#corpus}; python3 bench/dynamic_corpus.py "${CORPUS:-.corpora/real80}" --problems .corpora/kb --device $DEV \
         --jobs 14 --baseline-timings .corpora/a100_baseline.json --limit-s $((LIMIT - 20)) \
-        --work .kwork/corpus ${only:+--only ${only#_}} --json "$R/corpus$only.json" ;;
+        --work "$W/corpus" ${only:+--only ${only#_}} --json "$R/corpus$only.json" ;;
     gpu_share) KB=.corpora/kb/level1; python3 bench/gpu_share.py $KB/1_*.py $KB/2_*.py \
                  $KB/19_*.py $KB/23_*.py --jobs 3 --processes 2 --timeout 240 \
                  --json "$R/gpu_share.json" ;;
@@ -87,7 +93,7 @@ check() {
     cudal1) scan cudal1 .corpora/cudal1/h100_sub.json -j 8 ;;
     cudal1_full)  # h100_xsm.json (249 kernels) but the tasks an earlier session audited
       # (bench/results/cudal1_h100_xsm.jsonl): longer than one command, so its result and build
-      # caches sit in .kwork (kept on a warm machine) and the next command resumes
+      # caches sit in $W (kept on a warm machine) and the next command resumes
       python3 - .corpora/cudal1/h100_xsm.json bench/results/cudal1_h100_xsm.jsonl <<'PY'
 import json, sys
 entries, done = sys.argv[1:]
@@ -97,9 +103,9 @@ rest = {level: [e for e in tasks if (level, e["task_id"]) not in done]
         for level, tasks in json.load(open(entries)).items()}
 json.dump(rest, open(".corpora/cudal1/h100_rest.json", "w"), indent=1)
 PY
-      XDG_CACHE_HOME=$PWD/.kwork/xdg python3 -m kaudit scan \
+      XDG_CACHE_HOME=$W/xdg python3 -m kaudit scan \
         --dynamic --device $DEV --fail-on never -f json .corpora/cudal1/h100_rest.json \
-        -j "${CUDAL1_JOBS:-14}" --cache-dir .kwork/cudal1-cache --build-cache .kwork/builds-cudal1 \
+        -j "${CUDAL1_JOBS:-14}" --cache-dir "$W/cudal1-cache" --build-cache "$W/builds-cudal1" \
         --stream "$R/cudal1_full.jsonl" -o "$R/cudal1_full.json" ;;
     real8) scan real8 .corpora/real8 --problems .corpora/kb -j 4 \
              --baseline-timings .corpora/a100_baseline.json ;;
