@@ -56,6 +56,10 @@ def orphan(args, out_dir):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     return {"pid": child.pid}
 
+def threads(args, out_dir):
+    import torch
+    return {"omp": os.environ.get("OMP_NUM_THREADS"), "torch": torch.get_num_threads()}
+
 def tensors(args, out_dir):
     import torch
     torch.save([torch.arange(4.0)], os.path.join(out_dir, "ok.pt"))
@@ -109,6 +113,41 @@ def test_result_and_scrubbed_environment(jobs, monkeypatch):
     assert value["files_in_cwd"] == [] and value["cwd"] != os.getcwd()
     assert value["grandparent"] == forkserver.server_pid() != os.getpid(), \
         "its supervisor was forked by the fork server"
+
+
+def test_jobs_share_the_cores_out_while_audits_run_at_once_on_a_gpu(jobs, monkeypatch):
+    """Uncapped, each of 14 jobs at once ran its operators on a team of one thread per core."""
+    pytest.importorskip("torch", reason="the job reads torch's threads")
+    from kaudit.dynamic.runner import sharing_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = os.cpu_count() or 1
+    with sharing_cores(2), run_job(job(jobs, "threads", timeout=120)) as result:
+        assert result.ok, result.describe()
+        assert result.value == {"omp": str(max(1, cores // 2)), "torch": max(1, cores // 2)}
+    with sharing_cores(cores + 1), run_job(job(jobs, "threads", timeout=120)) as result:
+        assert result.value == {"omp": "1", "torch": 1}, "at least one each"
+    with run_job(job(jobs, "threads", timeout=120)) as result:
+        assert result.ok and result.value == {"omp": None, "torch": cores}, "given back after"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with sharing_cores(cores + 1), run_job(job(jobs, "threads", timeout=120)) as result:
+        assert result.value["omp"] == "2", "the user's setting passes as it is"
+
+
+def test_a_scan_shares_the_cores_out_on_a_gpu_only(monkeypatch):
+    pytest.importorskip("torch", reason="the dynamic pass needs torch")
+    import contextlib
+
+    from kaudit.dynamic import executors, runner
+    from kaudit.dynamic.options import DynamicOptions
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(executors, "jobs_guarded", lambda mode: contextlib.nullcontext())
+    local = executors.LocalExecutor(DynamicOptions(device="cpu", jobs=4))
+    for device, expected in (("cuda", str(max(1, (os.cpu_count() or 1) // 4))), ("cpu", None)):
+        with local.guarded(device):
+            assert runner._job_environment(Path(os.devnull), {}).get("OMP_NUM_THREADS") == \
+                expected, device
 
 
 def test_outputs_are_files_in_a_private_folder(jobs, tmp_path, monkeypatch):

@@ -44,6 +44,7 @@ from kaudit.dynamic.kernels import (
 )
 from kaudit.dynamic.options import RAY_MISSING, DynamicOptions
 from kaudit.dynamic.problems import resolve_device
+from kaudit.dynamic.runner import sharing_cores
 from kaudit.dynamic.sandbox import SandboxError
 from kaudit.dynamic.selfcheck import Installation, InstallationChanged, jobs_guarded, prepare_jobs
 
@@ -76,8 +77,15 @@ class LocalExecutor:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
 
-    def guarded(self) -> contextlib.AbstractContextManager[None]:
-        return jobs_guarded(self.options.sandbox)
+    @contextlib.contextmanager
+    def guarded(self, device: str) -> Iterator[None]:
+        """The jobs' sandbox and kaudit's own code guarded; on a GPU, the cores shared out among
+        the `--jobs` audits (`runner.sharing_cores`) before the fork server starts."""
+        with contextlib.ExitStack() as stack:
+            if device == "cuda":
+                stack.enter_context(sharing_cores(self.options.jobs))
+            stack.enter_context(jobs_guarded(self.options.sandbox))
+            yield
 
     def audit(self, tasks: list[KernelTask], device: str, done: Done) -> None:
         options = self.options
@@ -155,7 +163,7 @@ class RayExecutor:
                               "with --device cpu")
         return "cpu" if requested == "cpu" or not gpus else "cuda"
 
-    def guarded(self) -> contextlib.AbstractContextManager[None]:
+    def guarded(self, device: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # nothing runs here: each worker guards itself
 
     def audit(self, tasks: list[KernelTask], device: str, done: Done) -> None:

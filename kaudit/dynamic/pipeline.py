@@ -77,7 +77,7 @@ def run_pass(items: list[WorkItem], options: DynamicOptions, config: Config,
 
         budget = scratch.start_budget(options.temp_limit)
         try:
-            with executor.guarded():
+            with executor.guarded(device):
                 result.runs = audit_items(items, options, device, finished, cache, executor)
         finally:
             result.temp = budget.usage()
