@@ -120,8 +120,10 @@ def test_jobs_share_the_cores_out_while_audits_run_at_once_on_a_gpu(jobs, monkey
     pytest.importorskip("torch", reason="the job reads torch's threads")
     from kaudit.dynamic.runner import sharing_cores
 
+    import torch
+
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    cores = os.cpu_count() or 1
+    cores = torch.get_num_threads()
     with sharing_cores(2), run_job(job(jobs, "threads", timeout=120)) as result:
         assert result.ok, result.describe()
         assert result.value == {"omp": str(max(1, cores // 2)), "torch": max(1, cores // 2)}
@@ -129,6 +131,8 @@ def test_jobs_share_the_cores_out_while_audits_run_at_once_on_a_gpu(jobs, monkey
         assert result.value == {"omp": "1", "torch": 1}, "at least one each"
     with run_job(job(jobs, "threads", timeout=120)) as result:
         assert result.ok and result.value == {"omp": None, "torch": cores}, "given back after"
+    with sharing_cores(1), run_job(job(jobs, "threads", timeout=120)) as result:
+        assert result.value == {"omp": None, "torch": cores}, "one audit: torch's own choice"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     with sharing_cores(cores + 1), run_job(job(jobs, "threads", timeout=120)) as result:
         assert result.value["omp"] == "2", "the user's setting passes as it is"
@@ -144,7 +148,9 @@ def test_a_scan_shares_the_cores_out_on_a_gpu_only(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(executors, "jobs_guarded", lambda mode: contextlib.nullcontext())
     local = executors.LocalExecutor(DynamicOptions(device="cpu", jobs=4))
-    for device, expected in (("cuda", str(max(1, (os.cpu_count() or 1) // 4))), ("cpu", None)):
+    import torch
+
+    for device, expected in (("cuda", str(max(1, torch.get_num_threads() // 4))), ("cpu", None)):
         with local.guarded(device):
             assert runner._job_environment(Path(os.devnull), {}).get("OMP_NUM_THREADS") == \
                 expected, device

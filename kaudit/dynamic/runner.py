@@ -530,15 +530,18 @@ _job_threads: str | None = None
 @contextlib.contextmanager
 def sharing_cores(jobs: int) -> Iterator[None]:
     """The operator threads of jobs (`OMP_NUM_THREADS`) while `jobs` audits run at once on a
-    GPU: the cores shared out among them, at least one each, unless the user set the variable
-    (then it passes, as ever). A job's own CPU work there is loading, saving and comparing
-    tensors; uncapped, each job's operators ran on a team of one thread per core. On the
-    H200's 16-core host, 14 audits at once of 14 real problems (no compiling) took 80.2 s
-    uncapped and 63.2 s with one thread a job, their candidate jobs 44 % less time."""
+    GPU: torch's threads here (one per core) shared out among them, at least one each; none
+    set for one audit, or when the user set the variable (then it passes, as ever). A job's own
+    CPU work there is loading, saving and comparing tensors; uncapped, each job's operators ran
+    on a team of one thread per core. On the H200's 16-core host, 14 audits at once of 14 real
+    problems (no compiling) took 80.2 s uncapped and 63.2 s with one thread a job, their
+    candidate jobs 44 % less time."""
     global _job_threads
     before = _job_threads
-    if not os.environ.get("OMP_NUM_THREADS"):
-        _job_threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    if jobs > 1 and not os.environ.get("OMP_NUM_THREADS"):
+        import torch
+
+        _job_threads = str(max(1, torch.get_num_threads() // jobs))
     try:
         yield
     finally:
