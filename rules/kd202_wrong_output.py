@@ -11,7 +11,10 @@ class WrongOutput(DynamicRule):
     match). Reported when the number, shape or dtype of the outputs differ, or when the output fails
     both the preset's `allclose` and the scale-invariant check (relative L2 error and max error / max
     |reference|, limits by dtype as in KD201). Not reported when KD101/KD102 already explain it.
-    A warning, saying so, where the reference output is rounding noise (as in KD201).
+    A warning, saying so, where the reference output is rounding noise (as in KD201). The first
+    call on the second input set (inputs B, in new buffers) is held to the same two checks once
+    inputs A's output passed: a kernel right on the first inputs it meets and wrong after fails
+    there (`reason: inputs-b`).
 
     A warning too when the kernel is wrong with `Model`'s weights copied in but right on two
     input sets with its own initialisation, built as KernelBench builds it (same seed, nothing

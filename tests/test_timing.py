@@ -247,6 +247,40 @@ def test_an_output_slightly_off_in_every_call_is_not_wrong_only_when_timed(tmp_p
     assert run.metrics["measured"]["trials"] >= QUICK.min_trials
 
 
+#: right on inputs A; on inputs B (told apart by the sign of element {k}) 0.5 % of the elements
+#: off by 0.3 %, in every call: past allclose, within the scale-invariant limits
+OFF_ON_B = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = torch.tanh(x)
+        if bool(x.flatten()[{k}] > 0) == {positive}:
+            out.view(-1)[::200] *= 1.003
+        return out
+'''
+
+
+def test_an_output_a_little_off_on_inputs_b_is_not_wrong_only_when_timed(tmp_path):
+    """Only the outputs on inputs A are judged for correctness, and a timed trial on inputs B was
+    held to what A's passed: on the H200 a real kernel (KernelBench level 2 problem 53, GELU in
+    its tanh form) passed allclose on A, missed it on B both watched and timed, and was rejected
+    by KD406 as only right when watched. B's timed trial is now held to B's watched call."""
+    from kaudit.dynamic.options import INPUT_SEEDS
+
+    torch.manual_seed(INPUT_SEEDS[0])
+    a = torch.randn(256, 1024).flatten()  # the problem's get_inputs(), as its job makes it
+    torch.manual_seed(INPUT_SEEDS[1])
+    b = torch.randn(256, 1024).flatten()
+    k = int(torch.nonzero((a > 0) != (b > 0))[0])
+    kernel = _pair(tmp_path / "pair", OFF_ON_B.format(k=k, positive=bool(b[k] > 0)))
+    options = DynamicOptions(resolve(None, None, None), device="cpu", calls=(8, 12), timing=QUICK)
+    run = audit_kernel(str(kernel), str(kernel), kernel.read_text(), options, "cpu")
+    assert run.findings == [], [f.message for f in run.findings]
+    assert run.metrics["measured"]["trials"] >= QUICK.min_trials
+
+
 @pytest.mark.parametrize(("source", "code", "reason"), [(WRONG_WHEN_TIMED, "KD406", "timing"),
                                                         (CHEAPER_WHEN_TIMED, "KD406", "timing"),
                                                         (REBINDS_THE_TIMER, "KD405", "timing")])

@@ -20,7 +20,7 @@ import errno
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -49,6 +49,14 @@ SCALE_FREE_DEFAULT = (1e-3, 1e-2)
 #: KD201 is an error from this relative L2 error on: the output carries none of the reference's
 #: signal (zeros where the reference is tiny have 1.0)
 NO_SIGNAL_L2 = 0.5
+
+
+class Watched(NamedTuple):
+    """The candidate's first watched outputs: on inputs A (`plain.pt`) and on inputs B in new
+    buffers (`fresh.pt`); only A's are judged for correctness, B's for staleness."""
+
+    a: list
+    b: list
 
 
 class Adder:
@@ -139,9 +147,9 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
           scaled_refs: list[dict], options: Any,
           reference_left: dict[str, list] | None = None,
           interpreted: bool = False, reference_noise: list | None = None,
-          compiles: bool = False) -> list | None:
-    """The findings of the candidate job; returns its first call's outputs when it could judge
-    them (for `second_opinion`). `reference_left`: None, or what the problem's own forward
+          compiles: bool = False) -> Watched | None:
+    """The findings of the candidate job; returns its first calls' outputs on inputs A and B
+    when it could judge them (`Watched`: for `second_opinion` and the timing run's checks). `reference_left`: None, or what the problem's own forward
     left in the input sets it modified (KD402 is then a warning, and none for an input left as
     the reference leaves it). `interpreted`: it ran under Triton's
     CPU interpreter, where a kernel that needs a GPU driver fails through no fault of its own.
@@ -231,6 +239,8 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     correct = not incomplete and _correctness(add, ref_a, plain_a, options.tolerance,
                                               noise=reference_noise)
     stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
+    if correct and not stale:
+        correct = _right_on_b(add, ref_b, fresh, options.tolerance, reference_noise)
     if correct and worst is not None and not stale:  # a replayed answer explains a later miss
         correct = _correctness(add, ref_a, worst, options.tolerance,
                                call=info.get("worst_call"), calls=info.get("calls"),
@@ -241,7 +251,7 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     if after is not None and mutated is not None:
         _mutation(add, inputs[mutated["inputs"]], after, mutated.get("call"), reference_left,
                   options.tolerance, mutated["inputs"])
-    return plain_a
+    return Watched(plain_a, fresh)
 
 
 def _own_initialisation(add: Adder, answers: Answers, info: dict, refs: dict,
@@ -648,6 +658,39 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
             add("KD202", f"wrong output{when}: {name} fails {check} and the scale-invariant "
                 f"check: {numbers}", **metrics)
     return correct
+
+
+def _right_on_b(add: Adder, ref_b: list, fresh: list, tolerance: Tolerance,
+                noise: list | None) -> bool:
+    """KD202 when the first call on inputs B (in new buffers) fails both checks, inputs A's
+    having passed; True otherwise. A's outputs are judged in full (KD201-KD203); B's only for a
+    miss as plain as that, the one a kernel right on the first inputs it meets and wrong after
+    makes (the timing run's trial on B is held to what this call passed, and was the only look
+    at B's answer). An output whose reference on A is rounding noise is left: B's noise is not
+    measured."""
+    layout = _layout_problem(ref_b, fresh)
+    if layout:
+        add("KD202", f"wrong output on inputs B (inputs A's were right): {layout}",
+            reason="inputs-b")
+        return False
+    right = True
+    for index, (ref, out) in enumerate(zip(ref_b, fresh)):
+        own = noise[index] if noise is not None and index < len(noise) else None
+        if (own is not None and own >= NO_SIGNAL_L2) or tolerance.accepts(ref, out):
+            continue
+        dtype = _dtype(ref)
+        rel, ratio = distance(ref, out)
+        rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
+        if rel <= rel_limit and ratio <= ratio_limit:
+            continue
+        right = False
+        add("KD202", f"wrong output on inputs B (inputs A's were right): "
+            f"{output_name(index, ref_b)} fails {tolerance.check_text(dtype)} and the "
+            f"scale-invariant check: relative L2 error {_num(rel)} (limit {rel_limit:g}), max "
+            f"error / max|reference| {_num(ratio)} (limit {ratio_limit:g})", reason="inputs-b",
+            output=index, relative_l2=_finite(rel), max_error_ratio=_finite(ratio),
+            tolerance=tolerance.name)
+    return right
 
 
 def _stale(add: Adder, ref_a: list, ref_b: list, plain: list, fresh: list, same: list,

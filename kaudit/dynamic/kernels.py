@@ -550,7 +550,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                            "calls": PLAIN_CALLS},
                             env=env, inputs=shared, visible=visible, writable=(build,), **limits)
                 with run_job(plain) as result:
-                    second_opinion(add, result, refs["a"], watched, options.tolerance)
+                    second_opinion(add, result, refs["a"], watched.a, options.tolerance)
                 if run.status != "ok":
                     return  # a full disk stopped the plain run: the audit is incomplete
                 if not rejected(run):

@@ -40,7 +40,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kaudit.dynamic.judge import Adder, fails_again, output_name, passed_checks, size_limit
+from kaudit.dynamic.judge import (
+    Adder,
+    Watched,
+    fails_again,
+    output_name,
+    passed_checks,
+    size_limit,
+)
 from kaudit.dynamic.witness import Unavailable, Witness
 from kaudit.dynamic.options import DEFAULT_SPEEDUP_TOLERANCE, TimingSettings
 from kaudit.dynamic.runner import Job, OutputError, RunResult, run_job
@@ -79,11 +86,11 @@ def timing_job(settings: TimingSettings, common: dict, kernel: str, build: str, 
     return Job(TIMING_TARGET, args, **job)
 
 
-def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, watched: list, tolerance: Any,
-            device: str) -> dict[str, Any] | None:
+def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, watched: Watched,
+            tolerance: Any, device: str) -> dict[str, Any] | None:
     """Run the timing job and judge it: the measurement (also in `run_metrics["measured"]`), or
     None when there is none (a failed job, tampering, a wrong timed output). `watched`: the
-    watched calls' outputs on inputs A. The robust method's trials are witnessed on kaudit's own
+    watched calls' outputs on inputs A and B. The robust method's trials are witnessed on kaudit's own
     clock (`kaudit.dynamic.witness`)."""
     with contextlib.ExitStack() as stack:
         witness = _witness(run_metrics) if job.args["method"] == "robust" else None
@@ -120,7 +127,9 @@ def _timed_trial_fails(reference: list, outputs: list, passed: list, tolerance: 
             o.shape != r.shape or o.dtype != r.dtype for r, o in zip(reference, outputs)):
         return "its outputs' layout differs from the reference's"
     for index, (r, o) in enumerate(zip(reference, outputs)):
-        problem = fails_again(r, o, passed[index], tolerance, output_name(index, reference))
+        # an output the watched call did not give passed nothing: held to nothing
+        held = passed[index] if index < len(passed) else (False, False)
+        problem = fails_again(r, o, held, tolerance, output_name(index, reference))
         if problem:
             return problem
     return None
@@ -135,20 +144,24 @@ def _witness(run_metrics: dict) -> Witness | None:
 
 
 def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: dict,
-                      watched: list, tolerance: Any) -> bool:
+                      watched: Watched, tolerance: Any) -> bool:
     """KD406 when a checked trial's outputs (trial t used inputs A when t is even, B when odd)
-    fail a check the watched outputs on A passed (`judge.passed_checks`): a kernel exact when
-    watched and cheaper when timed is caught, one equally a little off in both is not."""
-    passed = [passed_checks(r, w, tolerance) for r, w in zip(refs["a"], watched)]
+    fail a check the watched outputs on the same inputs passed (`judge.passed_checks`): a
+    kernel exact when watched and cheaper when timed is caught, one equally a little off in
+    both is not. (B's held to A's: a real kernel whose tanh-form GELU passed allclose on A and
+    missed it on B in both runs was rejected as only right when watched.)"""
+    passed = {kind: [passed_checks(r, w, tolerance) for r, w in zip(refs[kind], outputs)]
+              for kind, outputs in (("a", watched.a), ("b", watched.b))}
     for trial in checks:
-        reference = refs["a" if trial % 2 == 0 else "b"]
+        kind = "a" if trial % 2 == 0 else "b"
+        reference = refs[kind]
         try:
             outputs = result.load_tensors(f"check{trial}.pt", size_limit(reference))
         except (OutputError, FileNotFoundError) as exc:
             add("KD406", f"only right when watched: the timing run's outputs are unusable: {exc}",
                 reason="timing")
             return True
-        wrong = _timed_trial_fails(reference, outputs, passed, tolerance)
+        wrong = _timed_trial_fails(reference, outputs, passed[kind], tolerance)
         if wrong:
             add("KD406", f"only right when watched: the watched calls gave the reference's answer, "
                 f"but in the timing run (no poisoning, the reference timed beside it) trial "
