@@ -281,6 +281,65 @@ def test_an_output_a_little_off_on_inputs_b_is_not_wrong_only_when_timed(tmp_pat
     assert run.metrics["measured"]["trials"] >= QUICK.min_trials
 
 
+def test_the_first_call_on_inputs_b_is_held_to_a_plain_miss_where_a_passed_a_check():
+    """Only a miss of both checks on B counts, and only where A's output passed one of them:
+    A passing allclose only through its absolute part (a warning) still has B judged."""
+    from kaudit.dynamic.judge import _right_on_b
+
+    tolerance = resolve(None, None, None)
+    ref = torch.linspace(-1, 1, 4096)
+    tiny = ref * 1e-6
+    within_atol = tiny + 5e-5 * torch.where(torch.arange(4096) % 2 == 0, 1.0, -1.0)
+    a_little_off = ref.clone()
+    a_little_off[::200] *= 1.003
+    cases = {  # name: (ref A, first call on A, ref B, first call on B, A's noise), reported
+        "right on A, zeros on B": ((ref, ref, -ref, torch.zeros_like(ref), None), True),
+        "A within atol only, zeros on B": ((tiny, within_atol, -ref, torch.zeros_like(ref),
+                                            None), True),
+        "wrong on A as well": ((ref, torch.zeros_like(ref), -ref, torch.zeros_like(ref),
+                                None), False),
+        "A's reference is rounding noise": ((ref, ref, -ref, torch.zeros_like(ref), [0.9]),
+                                            False),
+        "a little off on B": ((ref, ref, ref, a_little_off, None), False),
+    }
+    for name, ((ref_a, plain_a, ref_b, fresh, noise), reported) in cases.items():
+        run = KernelRun("k.py")
+        right = _right_on_b(Adder(run, Location("k.py", 3)), [ref_a], [plain_a], [ref_b],
+                            [fresh], tolerance, noise)
+        assert right is not reported, name
+        assert [(f.rule, f.metrics.get("reason")) for f in run.findings] == \
+            ([("KD202", "inputs-b")] if reported else []), name
+
+
+class _TimedTrials:
+    """A timing job's checked trials, as `_wrong_when_timed` reads them."""
+
+    def __init__(self, outputs: dict) -> None:
+        self.outputs = outputs
+
+    def load_tensors(self, name: str, max_bytes: int) -> list:
+        return self.outputs[name]
+
+
+def test_a_timed_trial_on_b_is_held_to_a_when_the_watched_call_on_b_passed_nothing():
+    """B's watched call with another layout (never judged when A's failed with a warning) is no
+    bar: the trial is held to A's, as before, instead of stopping the audit."""
+    from kaudit.dynamic.judge import Watched
+    from kaudit.dynamic.timing import _wrong_when_timed
+
+    ref = torch.linspace(-1, 1, 64)
+    refs = {"a": [ref], "b": [-ref]}
+    for watched_b in ([torch.zeros(63)], [torch.zeros(64)]):
+        for timed_b, wrong in ((-ref, False), (torch.zeros(64), True)):
+            run = KernelRun("k.py")
+            found = _wrong_when_timed(Adder(run, Location("k.py", 3)),
+                                      _TimedTrials({"check0.pt": [ref], "check1.pt": [timed_b]}),
+                                      [0, 1], refs, Watched([ref], watched_b),
+                                      resolve(None, None, None))
+            assert found is wrong and [f.rule for f in run.findings] == (["KD406"] if wrong
+                                                                         else [])
+
+
 @pytest.mark.parametrize(("source", "code", "reason"), [(WRONG_WHEN_TIMED, "KD406", "timing"),
                                                         (CHEAPER_WHEN_TIMED, "KD406", "timing"),
                                                         (REBINDS_THE_TIMER, "KD405", "timing")])

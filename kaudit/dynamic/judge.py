@@ -52,8 +52,9 @@ NO_SIGNAL_L2 = 0.5
 
 
 class Watched(NamedTuple):
-    """The candidate's first watched outputs: on inputs A (`plain.pt`) and on inputs B in new
-    buffers (`fresh.pt`); only A's are judged for correctness, B's for staleness."""
+    """The candidate's first watched outputs: on inputs A (`plain.pt`), judged in full, and on
+    inputs B in new buffers (`fresh.pt`), judged for staleness and a plain miss
+    (`_right_on_b`)."""
 
     a: list
     b: list
@@ -149,10 +150,11 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
           interpreted: bool = False, reference_noise: list | None = None,
           compiles: bool = False) -> Watched | None:
     """The findings of the candidate job; returns its first calls' outputs on inputs A and B
-    when it could judge them (`Watched`: for `second_opinion` and the timing run's checks). `reference_left`: None, or what the problem's own forward
-    left in the input sets it modified (KD402 is then a warning, and none for an input left as
-    the reference leaves it). `interpreted`: it ran under Triton's
-    CPU interpreter, where a kernel that needs a GPU driver fails through no fault of its own.
+    when it could judge them (`Watched`: for `second_opinion` and the timing run's checks).
+    `reference_left`: None, or what the problem's own forward left in the input sets it
+    modified (KD402 is then a warning, and none for an input left as the reference leaves it).
+    `interpreted`: it ran under Triton's CPU interpreter, where a kernel that needs a GPU
+    driver fails through no fault of its own.
     `reference_noise`: per output, the reference's distance from its own float64 run.
     `compiles`: the kernel's text builds an extension (`load_inline`, `cpp_extension`)."""
     if not candidate.ok:
@@ -239,8 +241,9 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     correct = not incomplete and _correctness(add, ref_a, plain_a, options.tolerance,
                                               noise=reference_noise)
     stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
-    if correct and not stale:
-        correct = _right_on_b(add, ref_b, fresh, options.tolerance, reference_noise)
+    if not incomplete and not stale and not _right_on_b(
+            add, ref_a, plain_a, ref_b, fresh, options.tolerance, reference_noise):
+        correct = False
     if correct and worst is not None and not stale:  # a replayed answer explains a later miss
         correct = _correctness(add, ref_a, worst, options.tolerance,
                                call=info.get("worst_call"), calls=info.get("calls"),
@@ -660,18 +663,18 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
     return correct
 
 
-def _right_on_b(add: Adder, ref_b: list, fresh: list, tolerance: Tolerance,
-                noise: list | None) -> bool:
-    """KD202 when the first call on inputs B (in new buffers) fails both checks, inputs A's
-    having passed; True otherwise. A's outputs are judged in full (KD201-KD203); B's only for a
-    miss as plain as that, the one a kernel right on the first inputs it meets and wrong after
-    makes (the timing run's trial on B is held to what this call passed, and was the only look
-    at B's answer). An output whose reference on A is rounding noise is left: B's noise is not
-    measured."""
+def _right_on_b(add: Adder, ref_a: list, plain_a: list, ref_b: list, fresh: list,
+                tolerance: Tolerance, noise: list | None) -> bool:
+    """KD202 for an output whose first call on inputs B (new buffers) fails both checks while
+    its first call on inputs A passed one of them; False when reported. A's outputs are judged
+    in full (KD201-KD203), B's only for a miss as plain as that, the one a kernel right on the
+    first inputs it meets and wrong after makes (the timing run's trial on B was the only other
+    look at B's answer). An output whose reference on A is rounding noise is left: B's noise is
+    not measured."""
     layout = _layout_problem(ref_b, fresh)
     if layout:
-        add("KD202", f"wrong output on inputs B (inputs A's were right): {layout}",
-            reason="inputs-b")
+        add("KD202", f"wrong output on inputs B (inputs A's had the reference's layout): "
+            f"{layout}", reason="inputs-b")
         return False
     right = True
     for index, (ref, out) in enumerate(zip(ref_b, fresh)):
@@ -681,15 +684,15 @@ def _right_on_b(add: Adder, ref_b: list, fresh: list, tolerance: Tolerance,
         dtype = _dtype(ref)
         rel, ratio = distance(ref, out)
         rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
-        if rel <= rel_limit and ratio <= ratio_limit:
-            continue
+        if (rel <= rel_limit and ratio <= ratio_limit) or \
+                not any(passed_checks(ref_a[index], plain_a[index], tolerance)):
+            continue  # right enough, or wrong on A too (reported there)
         right = False
-        add("KD202", f"wrong output on inputs B (inputs A's were right): "
-            f"{output_name(index, ref_b)} fails {tolerance.check_text(dtype)} and the "
-            f"scale-invariant check: relative L2 error {_num(rel)} (limit {rel_limit:g}), max "
-            f"error / max|reference| {_num(ratio)} (limit {ratio_limit:g})", reason="inputs-b",
-            output=index, relative_l2=_finite(rel), max_error_ratio=_finite(ratio),
-            tolerance=tolerance.name)
+        add("KD202", f"wrong output on inputs B (inputs A's passed): {output_name(index, ref_b)} "
+            f"fails {tolerance.check_text(dtype)} and the scale-invariant check: relative L2 "
+            f"error {_num(rel)} (limit {rel_limit:g}), max error / max|reference| {_num(ratio)} "
+            f"(limit {ratio_limit:g})", reason="inputs-b", output=index,
+            relative_l2=_finite(rel), max_error_ratio=_finite(ratio), tolerance=tolerance.name)
     return right
 
 
