@@ -241,13 +241,16 @@ def judge(run: KernelRun, add: Adder, candidate: RunResult, refs: dict, inputs: 
     correct = not incomplete and _correctness(add, ref_a, plain_a, options.tolerance,
                                               noise=reference_noise)
     stale = _stale(add, ref_a, ref_b, plain_a, fresh, same, options.tolerance)
-    if not incomplete and not stale and not _right_on_b(
-            add, ref_a, plain_a, ref_b, fresh, options.tolerance, reference_noise):
-        correct = False
+    later_wrong = False
     if correct and worst is not None and not stale:  # a replayed answer explains a later miss
         correct = _correctness(add, ref_a, worst, options.tolerance,
                                call=info.get("worst_call"), calls=info.get("calls"),
                                noise=reference_noise)
+        later_wrong = not correct
+    # a later call on A that went wrong explains a miss on B too: said once, with its call
+    if not incomplete and not stale and not later_wrong and not _right_on_b(
+            add, ref_a, plain_a, ref_b, fresh, options.tolerance, reference_noise):
+        correct = False
     run.metrics["benchmark_accepts"] = acceptance.accepts_all(ref_a, plain_a, options.tolerance)
     if correct and not stale and scaled:  # a replayed answer is wrong at every other scale too
         _scale_fragility(add, scaled_refs, scaled)
