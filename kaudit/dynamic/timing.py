@@ -91,8 +91,8 @@ def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, watched: Watche
             tolerance: Any, device: str) -> dict[str, Any] | None:
     """Run the timing job and judge it: the measurement (also in `run_metrics["measured"]`), or
     None when there is none (a failed job, tampering, a wrong timed output). `watched`: the
-    watched calls' outputs on inputs A and B. The robust method's trials are witnessed on kaudit's own
-    clock (`kaudit.dynamic.witness`)."""
+    watched calls' outputs on inputs A and B. The robust method's trials are witnessed on
+    kaudit's own clock (`kaudit.dynamic.witness`)."""
     with contextlib.ExitStack() as stack:
         witness = _witness(run_metrics) if job.args["method"] == "robust" else None
         if witness is not None:
@@ -128,9 +128,7 @@ def _timed_trial_fails(reference: list, outputs: list, passed: list, tolerance: 
             o.shape != r.shape or o.dtype != r.dtype for r, o in zip(reference, outputs)):
         return "its outputs' layout differs from the reference's"
     for index, (r, o) in enumerate(zip(reference, outputs)):
-        # an output the watched call did not give passed nothing: held to nothing
-        held = passed[index] if index < len(passed) else (False, False)
-        problem = fails_again(r, o, held, tolerance, output_name(index, reference))
+        problem = fails_again(r, o, passed[index], tolerance, output_name(index, reference))
         if problem:
             return problem
     return None
