@@ -418,24 +418,44 @@ def _worse(index: int, reference: Any, watched: Any, plain: Any, outputs: list,
                        output_name(index, outputs))
 
 
+class ScaleFree(NamedTuple):
+    """An output's distances from its reference in the scale-invariant check, with their limits
+    for the reference's dtype (`SCALE_FREE`)."""
+
+    rel: float
+    ratio: float
+    rel_limit: float
+    ratio_limit: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rel <= self.rel_limit and self.ratio <= self.ratio_limit
+
+    def text(self) -> str:
+        return (f"relative L2 error {_num(self.rel)} (limit {self.rel_limit:g}), max error / "
+                f"max|reference| {_num(self.ratio)} (limit {self.ratio_limit:g})")
+
+
+def scale_free(reference: Any, output: Any) -> ScaleFree:
+    return ScaleFree(*distance(reference, output),
+                     *SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT))
+
+
 def passed_checks(reference: Any, output: Any, tolerance: Tolerance) -> tuple[bool, bool]:
     """Whether `output` passes (the preset's check, the scale-invariant check)."""
-    rel, ratio = distance(reference, output)
-    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
-    return tolerance.accepts(reference, output), rel <= rel_limit and ratio <= ratio_limit
+    return tolerance.accepts(reference, output), scale_free(reference, output).ok
 
 
 def fails_again(reference: Any, output: Any, passed: tuple[bool, bool], tolerance: Tolerance,
                 name: str) -> str | None:
     """What `output` fails of the checks a watched output passed (`passed_checks`), or None:
     a later run (KD406) is held to what the watched calls met, no more and no less."""
-    preset, scale_free = passed
+    preset, passed_scale_free = passed
     if preset and not tolerance.accepts(reference, output):
         return f"{name} fails {tolerance.check_text(_dtype(reference))}"
-    rel, ratio = distance(reference, output)
-    rel_limit, ratio_limit = SCALE_FREE.get(_dtype(reference), SCALE_FREE_DEFAULT)
-    if scale_free and (rel > rel_limit or ratio > ratio_limit):
-        return f"{name} has relative L2 error {_num(rel)} (limit {rel_limit:g})"
+    check = scale_free(reference, output) if passed_scale_free else None
+    if check is not None and not check.ok:
+        return f"{name} has relative L2 error {_num(check.rel)} (limit {check.rel_limit:g})"
     return None
 
 
@@ -631,14 +651,11 @@ def _correctness(add: Adder, reference: list, candidate: list, tolerance: Tolera
         atol, rtol = tolerance.for_dtype(dtype)
         preset = tolerance.accepts(ref, out)
         check = tolerance.check_text(dtype)
-        rel, ratio = distance(ref, out)
-        rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
-        scale_ok = rel <= rel_limit and ratio <= ratio_limit
+        distances = scale_free(ref, out)
+        rel, ratio, scale_ok = distances.rel, distances.ratio, distances.ok
         name = output_name(index, reference)
         peak = float(ref.double().abs().max()) if ref.numel() else 0.0
-        numbers = (f"relative L2 error {_num(rel)} (limit {rel_limit:g}), max error / "
-                   f"max|reference| {_num(ratio)} (limit {ratio_limit:g}), max|reference| "
-                   f"{peak:.3g}")
+        numbers = f"{distances.text()}, max|reference| {peak:.3g}"
         metrics = {"output": index, "relative_l2": _finite(rel), "max_error_ratio": _finite(ratio),
                    "max_abs_reference": peak, "atol": atol, "rtol": rtol,
                    "tolerance": tolerance.name, "call": call}
@@ -684,18 +701,15 @@ def _right_on_b(add: Adder, ref_a: list, plain_a: list, ref_b: list, fresh: list
         own = noise[index] if noise is not None and index < len(noise) else None
         if (own is not None and own >= NO_SIGNAL_L2) or tolerance.accepts(ref, out):
             continue
-        dtype = _dtype(ref)
-        rel, ratio = distance(ref, out)
-        rel_limit, ratio_limit = SCALE_FREE.get(dtype, SCALE_FREE_DEFAULT)
-        if (rel <= rel_limit and ratio <= ratio_limit) or \
-                not any(passed_checks(ref_a[index], plain_a[index], tolerance)):
+        distances = scale_free(ref, out)
+        if distances.ok or not any(passed_checks(ref_a[index], plain_a[index], tolerance)):
             continue  # right enough, or wrong on A too (reported there)
         right = False
         add("KD202", f"wrong output on inputs B (inputs A's passed): {output_name(index, ref_b)} "
-            f"fails {tolerance.check_text(dtype)} and the scale-invariant check: relative L2 "
-            f"error {_num(rel)} (limit {rel_limit:g}), max error / max|reference| {_num(ratio)} "
-            f"(limit {ratio_limit:g})", reason="inputs-b", output=index,
-            relative_l2=_finite(rel), max_error_ratio=_finite(ratio), tolerance=tolerance.name)
+            f"fails {tolerance.check_text(_dtype(ref))} and the scale-invariant check: "
+            f"{distances.text()}", reason="inputs-b", output=index,
+            relative_l2=_finite(distances.rel), max_error_ratio=_finite(distances.ratio),
+            tolerance=tolerance.name)
     return right
 
 

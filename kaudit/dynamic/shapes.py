@@ -26,15 +26,12 @@ import os
 from typing import Any
 
 from kaudit.dynamic import scratch
-from kaudit.dynamic.harness.scaling import distance
 from kaudit.dynamic.judge import (
-    SCALE_FREE,
-    SCALE_FREE_DEFAULT,
     Adder,
-    _dtype,
     _layout_problem,
     _num,
     output_name,
+    scale_free,
     size_limit,
 )
 from kaudit.dynamic.runner import Job, OutputError, run_job, share_inputs
@@ -183,12 +180,11 @@ def _fragile(plain: Any, expected: list) -> str | None:
     if layout:
         return f"is wrong: {layout}"
     for index, (ref, out) in enumerate(zip(expected, outputs)):
-        rel, ratio = distance(ref, out)
-        rel_limit, ratio_limit = SCALE_FREE.get(_dtype(ref), SCALE_FREE_DEFAULT)
-        if rel > rel_limit or ratio > ratio_limit:
+        check = scale_free(ref, out)
+        if not check.ok:
             return (f"is wrong: {output_name(index, expected)} has relative L2 error "
-                    f"{_num(rel)} (limit {rel_limit:g}) and max error / max|reference| "
-                    f"{_num(ratio)} (limit {ratio_limit:g})")
+                    f"{_num(check.rel)} (limit {check.rel_limit:g}) and max error / "
+                    f"max|reference| {_num(check.ratio)} (limit {check.ratio_limit:g})")
     return None
 
 
