@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kaudit.dynamic import gpu_share, host_memory, problems, runner, sandbox, scratch
+from kaudit.dynamic import gpu_share, host_memory, problem_sizing, problems, runner, sandbox, scratch
 from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, WIDE_SHARE, GpuClaim, GpuMemory
 from kaudit.dynamic.problem_sizing import SIZES_TARGET
 from kaudit.dynamic.runner import ERROR, OK, OOM, Job, RunResult, run_job
@@ -196,7 +196,8 @@ class FakeLaunch:
         self.fractions.append(job.args["gpu_memory_fraction"])
         self.alone.append(not shared_lock_free())
         status = self.statuses.pop(0)
-        return RunResult(status, error="CUDA out of memory" if status == OOM else "")
+        return RunResult(status, error="CUDA out of memory" if status == OOM else "",
+                         wall_s=2.0)
 
 
 def test_an_out_of_memory_failure_runs_again_wider_then_alone_on_the_gpu():
@@ -207,6 +208,7 @@ def test_an_out_of_memory_failure_runs_again_wider_then_alone_on_the_gpu():
     assert launch.fractions == [0.1, WIDE_SHARE, GPU_MEMORY_SHARE], \
         "its share, then half of the process's part, then alone and not capped to a share"
     assert result.gpu_runs == 3, "every run is counted, the failed ones too"
+    assert result.gpu_retry_s == 4.0, "the two runs that ran out, thrown away"
 
 
 def test_a_job_that_fits_in_the_wider_cap_does_not_empty_the_gpu():
@@ -413,11 +415,13 @@ def test_what_looks_like_out_of_memory():
 
 
 def test_run_job_retries_a_real_job_alone_with_the_gpu_named(jobs):
-    with run_job(Job(f"{jobs}:needs_the_whole_gpu", timeout=60,
-                     gpu=GpuClaim("3", 0.45))) as result:
+    with runner.job_seconds() as seconds, run_job(Job(f"{jobs}:needs_the_whole_gpu", timeout=60,
+                                                      gpu=GpuClaim("3", 0.45))) as result:
         assert result.ok, result.describe()
         assert result.retried_alone
         assert result.value == {"fraction": GPU_MEMORY_SHARE, "gpu": "3"}
+    assert 0 < seconds["gpu_retry"] == result.gpu_retry_s < seconds["needs_the_whole_gpu"], \
+        "the run that ran out is counted apart: where the audit's time went"
     with run_job(Job(f"{jobs}:wrong", timeout=60, gpu=GpuClaim("3", 0.45))) as result:
         assert result.status == ERROR and not result.retried_alone
 
@@ -675,6 +679,26 @@ def test_a_job_sized_to_need_more_than_its_share_asks_for_that_first():
     assert not small.alone[-1]
 
 
+def test_a_kernels_jobs_ask_first_for_what_its_problem_is_sized_to_need(monkeypatch):
+    """`scan --dynamic`: each job held 0.9 / -j of the GPU in the ledger, so one that ran wide
+    waited for half of its neighbours to end, and all after it waited behind it."""
+    pytest.importorskip("torch", reason="the sizing job needs torch")
+    from kaudit.dynamic import kernels
+
+    total = 100 << 30
+    monkeypatch.setattr(kernels, "gpu_memory", lambda device: GpuMemory("GPU-a", total, total))
+    folder = ROOT / "fixtures" / "problems"
+    claim = GpuClaim("0", GPU_MEMORY_SHARE / 14)
+    kernels.size_claim(claim, str(folder / "good_matmul.py"), 42)
+    size = problem_sizing.sizes.size(str(folder / "good_matmul.py"), 42)
+    assert size is not None and claim.need == pytest.approx(
+        kernels.AUDIT_NEED_MULTIPLE * problem_sizing.gpu_need(size, total))
+    assert claim.need < claim.share / 2, "a small problem leaves its neighbours the rest"
+    unsized = GpuClaim("0", GPU_MEMORY_SHARE / 14)
+    kernels.size_claim(unsized, str(folder / "bad_raises_in_init.py"), 42)
+    assert unsized.need is None, "a problem that cannot be sized keeps the even share"
+
+
 def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     pytest.importorskip("torch", reason="the sizing job needs torch")
     total = 100 << 30
@@ -693,7 +717,7 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters: at most, the
     # float64 run's inputs beside a native input being cast to float64 (larger than its output)
     inputs = 2 * 64 * 128 * 4
-    expected = (problems.PEAK_MARGIN * (2 * inputs + inputs) + problems.FIXED_BYTES) / total
+    expected = (problem_sizing.PEAK_MARGIN * (2 * inputs + inputs) + problem_sizing.FIXED_BYTES) / total
     assert list(sizes) == [files[0]], "a problem that cannot be sized is left out"
     assert sizes[files[0]].need == pytest.approx(expected)
     assert sizes[files[0]].flops == 2 * 64 * 128 * 64, "one matmul's multiply-adds, twice"
@@ -711,14 +735,14 @@ def test_a_problems_peak_is_what_its_job_holds_at_once():
         return ProblemSize(0, 6 * gib, 6 * gib, forward=made * gib, params64=0,
                            inputs64=12 * gib, forward64=2 * made * gib)
 
-    assert problems.job_peak(elementwise(6)) == 24 * gib
-    assert problems.job_peak(elementwise(12)) == 36 * gib
+    assert problem_sizing.job_peak(elementwise(6)) == 24 * gib
+    assert problem_sizing.job_peak(elementwise(12)) == 36 * gib
     pooling = ProblemSize(0, 16 * gib, gib // 8, forward=gib // 8, params64=0,
                           inputs64=32 * gib, forward64=gib // 4)
-    assert problems.job_peak(pooling) == 48 * gib, "a native input beside its float64 cast"
+    assert problem_sizing.job_peak(pooling) == 48 * gib, "a native input beside its float64 cast"
     # no float64 run sized: the native runs' inputs, a scaled copy, or what forward makes
-    assert problems.job_peak(ProblemSize(gib, 6 * gib, 6 * gib, forward=9 * gib)) == 16 * gib
-    assert problems.job_peak(ProblemSize(0, 6 * gib, None)) == 12 * gib
+    assert problem_sizing.job_peak(ProblemSize(gib, 6 * gib, 6 * gib, forward=9 * gib)) == 16 * gib
+    assert problem_sizing.job_peak(ProblemSize(0, 6 * gib, None)) == 12 * gib
 
 
 def test_problems_start_with_the_most_memory_and_work():

@@ -73,7 +73,8 @@ class GpuClaim:
     device: str
     share: float = GPU_MEMORY_SHARE
     step: int = 0
-    #: what the job was sized to need beforehand (a fraction; `kaudit problems`), asked for
+    #: what the job was sized to need beforehand (a fraction; `kaudit problems`, and the jobs
+    #: of `scan --dynamic`: `kernels.size_claim`), asked for
     #: first instead of `share` (at most WIDE_SHARE): a job that needs more does not first run
     #: out of memory at its share, and one that needs less leaves the rest to its neighbours (on
     #: KernelBench level 1, problems needing 3 GiB held 16 for 20 s); after running out, it asks
@@ -284,11 +285,11 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     """Run `job` (a `runner.Job`) with `launch` on its GPU under a shared lock; a failure that
     looks like out of memory runs again with `WIDE_SHARE`, then alone under the exclusive lock
     (see the module's docstring). The last result is the one returned, with `gpu_wait_s` (time
-    spent waiting for memory and locks) and, after a failure alone, `gpu_note` saying what was
-    free. A gated job (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its
+    spent waiting for memory and locks), `gpu_retry_s` (the seconds of the runs that ran out)
+    and, after a failure alone, `gpu_note` saying what was free. A gated job (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its
     memory and locks through the gate once it is ready; another job takes them before
     `launch(job)`."""
-    waited, runs, caps = 0.0, 0, []
+    waited, retried, runs, caps = 0.0, 0.0, 0, []
 
     def run(share: float | None, *holds: Callable[[], Any],
             before: Callable[[], None] = lambda: None) -> Any:
@@ -325,6 +326,7 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
 
     def finish(result: Any) -> Any:
         result.gpu_wait_s, result.gpu_runs = round(waited, 3), runs
+        result.gpu_retry_s = round(retried, 3)
         return result
 
     if claim.need is None:
@@ -342,6 +344,7 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
         if not looks_oom(result):
             claim.step = step
             return finish(result)
+        retried += result.wall_s
         result.close()
     claim.step = len(shares)
     memory: list[GpuMemory | None] = []

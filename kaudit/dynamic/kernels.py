@@ -53,7 +53,7 @@ from kaudit.discover import WorkItem, display_path
 from kaudit.dynamic import adapted, host_memory, problem_sizing, scratch
 from kaudit.dynamic.attribution import OwnKernels
 from kaudit.dynamic.builds import BuildCache
-from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots
+from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory
 from kaudit.dynamic.harness.scaling import scale_input
 from kaudit.dynamic.judge import (
     Adder,
@@ -412,6 +412,25 @@ def _audit_writes(problem: str, options: DynamicOptions, device: str, scales: in
     return problem_sizing.audit_writes(size, scales) if size is not None else 0
 
 
+#: a kernel's jobs ask this many times what `kaudit problems` asks for the same problem: the
+#: candidate's job holds both input sets and the outputs of several calls beside the model
+AUDIT_NEED_MULTIPLE = 2
+
+
+def size_claim(gpu: GpuClaim, problem: str, init_seed: int) -> None:
+    """Let the kernel's jobs ask first for the share of the GPU its problem is sized to need
+    (`problem_sizing.gpu_need`, times AUDIT_NEED_MULTIPLE), not for their even share of it
+    (0.9 / -j): each share is held in this process's ledger of the GPU for the whole job, so a
+    job that needs more and runs wide waited until half of its neighbours had ended, and every
+    job after it waited behind it. On the H200 at -j 14 (80 real kernels, warm), audits after
+    the first 25 waited 138-236 s each for the GPU while it held at most 42 of its 141 GB and
+    the CPU was up to 87 % idle. Unsized problems keep the even share."""
+    size = problem_sizing.sizes.size(problem, init_seed)
+    memory = gpu_memory(gpu.device) if size is not None else None
+    if memory is not None and memory.total > 0:
+        gpu.need = AUDIT_NEED_MULTIPLE * problem_sizing.gpu_need(size, memory.total)
+
+
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
                  reference: str | None = None, level: int | None = None,
                  number: int | None = None, gpu: GpuClaim | None = None,
@@ -455,6 +474,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     scales = [s for s in options.scales if s != 1]
     problem = os.path.abspath(problem)
+    if gpu is not None:
+        size_claim(gpu, problem, options.init_seed)
     common = {"problem": problem, "device": device,
               "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales}
     env: dict[str, str] = {}

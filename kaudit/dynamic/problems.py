@@ -32,7 +32,7 @@ from kaudit.dynamic import forkserver, scratch
 from kaudit.dynamic.adapted import BenchmarkProblem, benchmark_check, find_problems, write_problem
 from kaudit.dynamic.gpu_share import GpuClaim, GpuSlots, gpu_memory, visible_gpus
 from kaudit.dynamic.limits import cpu_time_limit, job_memory_limit, judging_threads
-from kaudit.dynamic.problem_sizing import ProblemSize, size_problems, sizing_jobs
+from kaudit.dynamic.problem_sizing import gpu_need, size_problems, sizing_jobs
 from kaudit.dynamic.problem_results import (  # noqa: F401 - the names callers import from here
     Options,
     ProblemResult,
@@ -127,11 +127,6 @@ def model_line(file: str) -> tuple[int, list[str]]:
 
 #: on a GPU, one job in this many (at least one) is started ahead of its turn (`claimed`)
 STARTED_AHEAD = 4
-#: a problem job's GPU memory beyond its peak (`job_peak`): PEAK_MARGIN times it for the caching
-#: allocator, and FIXED_BYTES for what no size shows (cuBLAS and cuDNN workspaces)
-PEAK_MARGIN, FIXED_BYTES = 1.25, 1 << 30
-
-
 @dataclasses.dataclass(frozen=True)
 class GpuSize:
     """What a problem is expected to take: `need`, the share of the GPU its job asks first (a
@@ -153,27 +148,10 @@ def gpu_sizes(files: list, options: Options, timeout: float = 120.0,
     memory = gpu_memory(gpus[0]) if gpus and paths else None
     if memory is None or memory.total <= 0:
         return {}
-    return {path: GpuSize((PEAK_MARGIN * job_peak(size) + FIXED_BYTES) / memory.total,
-                          size.flops)
+    return {path: GpuSize(gpu_need(size, memory.total), size.flops)
             for path, size in size_problems(paths, options.init_seed, timeout, gate,
                                             sizing_jobs(len(paths))).items()
             if size is not None}
-
-
-def job_peak(size: ProblemSize) -> int:
-    """The most a problem's job holds at once on the GPU, from its sizes (`harness/problem_job`):
-    in the native runs the model, the inputs and a scaled copy of them, or the inputs and what
-    forward makes; in the float64 runs, which come last (the native model gone), the float64
-    model and inputs beside one native input being cast, or beside what forward makes in
-    float64. On KernelBench level 1 on the H200 this was what the job's caching allocator held
-    at most, within 2 %, for 59 of the 100 problems, and less for none; the other 41 held
-    workspaces beside it (0.2 GiB or less for most, 2 GiB for transposed convolutions) or, like
-    HuberLoss (8 GiB), temporaries made inside one operator, which no size shows."""
-    made = size.forward if size.forward is not None else size.inputs
-    native = size.params + size.inputs + max(size.inputs, made)
-    if size.forward64 is None or size.params64 is None or size.inputs64 is None:
-        return native
-    return max(native, size.params64 + size.inputs64 + max(size.inputs, size.forward64))
 
 
 def start_order(files: list, sizes: dict[str, GpuSize]) -> list[int]:

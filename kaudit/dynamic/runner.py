@@ -149,6 +149,8 @@ class RunResult:
     #: runs of the job on its GPU (`gpu_share.run_claimed`): 1, or more after running out of
     #: memory at a narrower share
     gpu_runs: int = 1
+    #: seconds of its earlier runs, which ran out of GPU memory and were thrown away
+    gpu_retry_s: float = 0.0
     #: the job's own report of its phases' seconds (`build`, `import`, `forward` ...), bounded
     #: (`phase_seconds`): it may have run code under audit
     phases: dict[str, float] = field(default_factory=dict)
@@ -315,7 +317,8 @@ _job_seconds: ContextVar[dict[str, float] | None] = ContextVar("job_seconds", de
 def job_seconds() -> Iterator[dict[str, float]]:
     """The seconds of every job `run_job` runs in this context (in this thread), summed by kind
     (`reference`, `candidate`, `plain_run`, `timing`, `profile`, ...), waits for the GPU
-    included and also counted alone (`gpu_wait`): where an audit's time goes."""
+    included and also counted alone (`gpu_wait`), as are runs that ran out of GPU memory and
+    ran again (`gpu_retry`): where an audit's time goes."""
     seconds: dict[str, float] = {}
     token = _job_seconds.set(seconds)
     try:
@@ -368,6 +371,8 @@ def run_job(job: Job, gate: Gate | None = None) -> RunResult:
             placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
             result = gpu_share.run_claimed(placed, job.gpu, _run_once)
             add_job_seconds("gpu_wait", result.gpu_wait_s)
+            if result.gpu_runs > 1:
+                add_job_seconds("gpu_retry", result.gpu_retry_s)
             return result
         return _run_once(job, gate if job.gated else None)
     finally:
