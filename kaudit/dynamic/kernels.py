@@ -412,23 +412,19 @@ def _audit_writes(problem: str, options: DynamicOptions, device: str, scales: in
     return problem_sizing.audit_writes(size, scales) if size is not None else 0
 
 
-#: a kernel's jobs ask this many times what `kaudit problems` asks for the same problem: the
-#: candidate's job holds both input sets and the outputs of several calls beside the model
-AUDIT_NEED_MULTIPLE = 2
-
-
 def size_claim(gpu: GpuClaim, problem: str, init_seed: int) -> None:
     """Let the kernel's jobs ask first for the share of the GPU its problem is sized to need
-    (`problem_sizing.gpu_need`, times AUDIT_NEED_MULTIPLE), not for their even share of it
-    (0.9 / -j): each share is held in this process's ledger of the GPU for the whole job, so a
-    job that needs more and runs wide waited until half of its neighbours had ended, and every
-    job after it waited behind it. On the H200 at -j 14 (80 real kernels, warm), audits after
-    the first 25 waited 138-236 s each for the GPU while it held at most 42 of its 141 GB and
-    the CPU was up to 87 % idle. Unsized problems keep the even share."""
+    (`problem_sizing.gpu_need`, as `kaudit problems` asks), not for their even share of it
+    (0.9 / -j). Each share is held in this process's ledger of the GPU for the whole job: on the
+    H200 at -j 14 (80 real kernels, warm), audits waited 138-236 s each for the GPU while it
+    held at most 42 of its 141 GB, after jobs of two problems sized to need 0.08 and 0.11 (more
+    than the even share, 0.064) had started: a job that runs out at its share runs wide (0.45),
+    which waits until half of its neighbours have ended, and every job after it waits behind. Sized, those two ask what they need, and
+    the median problem of the 80 asks 0.036. Unsized problems keep the even share."""
     size = problem_sizing.sizes.size(problem, init_seed)
     memory = gpu_memory(gpu.device) if size is not None else None
     if memory is not None and memory.total > 0:
-        gpu.need = AUDIT_NEED_MULTIPLE * problem_sizing.gpu_need(size, memory.total)
+        gpu.need = problem_sizing.gpu_need(size, memory.total)
 
 
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
