@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kaudit.dynamic import gpu_share, host_memory, problem_sizing, problems, runner, sandbox, scratch
+from kaudit.dynamic import (gpu_share, host_memory, problem_sizing, problems, runner, sandbox,
+                            scratch)
 from kaudit.dynamic.gpu_share import GPU_MEMORY_SHARE, WIDE_SHARE, GpuClaim, GpuMemory
 from kaudit.dynamic.problem_sizing import SIZES_TARGET
 from kaudit.dynamic.runner import ERROR, OK, OOM, Job, RunResult, run_job
@@ -717,7 +718,8 @@ def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     # a (64, 128) and a (128, 64) float32 input, a (64, 64) output, no parameters: at most, the
     # float64 run's inputs beside a native input being cast to float64 (larger than its output)
     inputs = 2 * 64 * 128 * 4
-    expected = (problem_sizing.PEAK_MARGIN * (2 * inputs + inputs) + problem_sizing.FIXED_BYTES) / total
+    expected = (problem_sizing.PEAK_MARGIN * (2 * inputs + inputs)
+                + problem_sizing.FIXED_BYTES) / total
     assert list(sizes) == [files[0]], "a problem that cannot be sized is left out"
     assert sizes[files[0]].need == pytest.approx(expected)
     assert sizes[files[0]].flops == 2 * 64 * 128 * 64, "one matmul's multiply-adds, twice"

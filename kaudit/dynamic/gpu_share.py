@@ -286,9 +286,9 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     looks like out of memory runs again with `WIDE_SHARE`, then alone under the exclusive lock
     (see the module's docstring). The last result is the one returned, with `gpu_wait_s` (time
     spent waiting for memory and locks), `gpu_retry_s` (the seconds of the runs that ran out)
-    and, after a failure alone, `gpu_note` saying what was free. A gated job (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its
-    memory and locks through the gate once it is ready; another job takes them before
-    `launch(job)`."""
+    and, after a failure alone, `gpu_note` saying what was free. A gated job
+    (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its memory and locks
+    through the gate once it is ready; another job takes them before `launch(job)`."""
     waited, retried, runs, caps = 0.0, 0.0, 0, []
 
     def run(share: float | None, *holds: Callable[[], Any],

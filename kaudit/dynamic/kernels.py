@@ -419,8 +419,9 @@ def size_claim(gpu: GpuClaim, problem: str, init_seed: int) -> None:
     H200 at -j 14 (80 real kernels, warm), audits waited 138-236 s each for the GPU while it
     held at most 42 of its 141 GB, after jobs of two problems sized to need 0.08 and 0.11 (more
     than the even share, 0.064) had started: a job that runs out at its share runs wide (0.45),
-    which waits until half of its neighbours have ended, and every job after it waits behind. Sized, those two ask what they need, and
-    the median problem of the 80 asks 0.036. Unsized problems keep the even share."""
+    which waits until half of its neighbours have ended, and every job after it waits behind.
+    Sized, those two ask what they need, and the median problem of the 80 asks 0.036. Unsized
+    problems keep the even share."""
     size = problem_sizing.sizes.size(problem, init_seed)
     memory = gpu_memory(gpu.device) if size is not None else None
     if memory is not None and memory.total > 0:

@@ -127,6 +127,8 @@ def model_line(file: str) -> tuple[int, list[str]]:
 
 #: on a GPU, one job in this many (at least one) is started ahead of its turn (`claimed`)
 STARTED_AHEAD = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuSize:
     """What a problem is expected to take: `need`, the share of the GPU its job asks first (a
