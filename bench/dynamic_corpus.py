@@ -101,9 +101,9 @@ def main() -> int:
         rest for a warm run after a cold one."""
         if deadline is None:
             return None
-        resumed_later = run != "resumed" and any(name == "resumed" for name, *_ in planned)
+        resumed_later = run != "resumed" and args.only != "cold"
         left = deadline - time.monotonic() - (RESUMED_S if resumed_later else 0.0)
-        return max(1.0, left / 2 if run == "cold" and len(planned) > 1 else left)
+        return max(1.0, left / 2 if run == "cold" and args.only is None else left)
 
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work or Path(temporary)

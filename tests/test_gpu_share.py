@@ -691,12 +691,13 @@ def test_a_kernels_jobs_ask_first_for_what_its_problem_is_sized_to_need(monkeypa
     monkeypatch.setattr(kernels, "gpu_memory", lambda device: GpuMemory("GPU-a", total, total))
     folder = ROOT / "fixtures" / "problems"
     claim = GpuClaim("0", GPU_MEMORY_SHARE / 14)
-    kernels.size_claim(claim, str(folder / "good_matmul.py"), 42)
     size = problem_sizing.sizes.size(str(folder / "good_matmul.py"), 42)
+    kernels.size_claim(claim, size)
     assert size is not None and claim.need == pytest.approx(problem_sizing.gpu_need(size, total))
     assert claim.need < claim.share / 5, "a small problem leaves its neighbours the rest"
     unsized = GpuClaim("0", GPU_MEMORY_SHARE / 14)
-    kernels.size_claim(unsized, str(folder / "bad_raises_in_init.py"), 42)
+    kernels.size_claim(unsized, problem_sizing.sizes.size(str(folder / "bad_raises_in_init.py"),
+                                                          42))
     assert unsized.need is None, "a problem that cannot be sized keeps the even share"
 
 

@@ -351,7 +351,7 @@ def least_disk_first(tasks: list[KernelTask], options: DynamicOptions,
     the scan's order, on 80 real kernels on the H200, one of 48 GiB at the head of the queue
     held 11-13 of 14 threads waiting behind two large audits for most of 9 minutes, the
     machine idle (13 audits ended). The problems are sized at once (`SizeMemo.size_all`); where
-    the disk is not reserved (`_audit_writes`) the order is the scan's."""
+    the disk is not reserved (`_audit`) the order is the scan's."""
     if device not in SIZED_DEVICES or scratch.usage()["limit_bytes"] is None or len(tasks) < 2:
         return tasks
     problems = {task.index: _file_problem(task.item, options)
@@ -396,33 +396,19 @@ def _record_reference(item: WorkItem) -> str | None:
 
 
 #: devices on which a kernel's problem is sized before its reference job runs, to reserve the
-#: disk its audit writes: on the GPU host, fourteen audits of level-1 problems at once (up to
+#: disk its audit writes and ask its share of the GPU (`size_claim`): on the GPU host, fourteen audits of level-1 problems at once (up to
 #: 50 GiB each) filled its 64 GiB disk. On the CPU problems are small, and each audit would pay
 #: one more job
 SIZED_DEVICES = ("cuda",)
 
 
-def _audit_writes(problem: str, options: DynamicOptions, device: str, scales: int,
-                  limit: int | None) -> int:
-    """The bytes the audit's jobs are expected to hold at most, 0 when unknown or when the
-    scan's temporary disk has no `limit` (not reserved)."""
-    if device not in SIZED_DEVICES or limit is None:
-        return 0
-    size = problem_sizing.sizes.size(problem, options.init_seed)
-    return problem_sizing.audit_writes(size, scales) if size is not None else 0
-
-
-def size_claim(gpu: GpuClaim, problem: str, init_seed: int) -> None:
+def size_claim(gpu: GpuClaim, size: problem_sizing.ProblemSize | None) -> None:
     """Let the kernel's jobs ask first for the share of the GPU its problem is sized to need
     (`problem_sizing.gpu_need`, as `kaudit problems` asks), not for their even share of it
-    (0.9 / -j). Each share is held in this process's ledger of the GPU for the whole job: on the
-    H200 at -j 14 (80 real kernels, warm), audits waited 138-236 s each for the GPU while it
-    held at most 42 of its 141 GB, after jobs of two problems sized to need 0.08 and 0.11 (more
-    than the even share, 0.064) had started: a job that runs out at its share runs wide (0.45),
-    which waits until half of its neighbours have ended, and every job after it waits behind.
-    Sized, those two ask what they need, and the median problem of the 80 asks 0.036. Unsized
-    problems keep the even share."""
-    size = problem_sizing.sizes.size(problem, init_seed)
+    (0.9 / -j): each share is held in this process's ledger of the GPU for the whole job, and a
+    job of a problem needing more ran out at it, ran wide (0.45) and held up every job after it
+    (README: Sharing a GPU). Unsized problems, and GPUs whose memory is unknown, keep the even
+    share."""
     memory = gpu_memory(gpu.device) if size is not None else None
     if memory is not None and memory.total > 0:
         gpu.need = problem_sizing.gpu_need(size, memory.total)
@@ -471,15 +457,21 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     cpu_seconds = cpu_time_limit(options.timeout) if device == "cpu" else None
     scales = [s for s in options.scales if s != 1]
     problem = os.path.abspath(problem)
+    # sized once, where a sizing job pays: the disk the audit reserves and its share of the GPU
+    size = problem_sizing.sizes.size(problem, options.init_seed) \
+        if device in SIZED_DEVICES else None
     if gpu is not None:
-        size_claim(gpu, problem, options.init_seed)
+        size_claim(gpu, size)
     common = {"problem": problem, "device": device,
               "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales}
     env: dict[str, str] = {}
     limits = {"timeout": options.timeout, "seed": options.init_seed, "memory_limit": memory,
               "cpu_limit": cpu_seconds, "gpu": gpu}
     limit = scratch.usage()["limit_bytes"]
-    writes = _audit_writes(problem, options, device, len(scales), limit)
+    # the bytes the audit's jobs are expected to hold at most; 0 (not reserved) when unknown or
+    # when the scan's temporary disk has no limit
+    writes = problem_sizing.audit_writes(size, len(scales)) \
+        if size is not None and limit is not None else 0
     if limit is not None and writes > limit:
         # it would wait for every other audit to end, then fail on the limit
         run.status = "incomplete"
