@@ -701,6 +701,16 @@ def test_a_kernels_jobs_ask_first_for_what_its_problem_is_sized_to_need(monkeypa
     assert unsized.need is None, "a problem that cannot be sized keeps the even share"
 
 
+def test_a_gpu_whose_memory_is_unknown_keeps_the_even_share(monkeypatch):
+    from kaudit.dynamic import kernels
+    from kaudit.dynamic.problem_sizing import ProblemSize
+
+    monkeypatch.setattr(kernels, "gpu_memory", lambda device: None)  # no nvidia-smi, a MIG entry
+    claim = GpuClaim("0", GPU_MEMORY_SHARE / 14)
+    kernels.size_claim(claim, ProblemSize(0, 1 << 20, 1 << 20))
+    assert claim.need is None and claim.share == GPU_MEMORY_SHARE / 14
+
+
 def test_problems_are_sized_on_the_meta_device_before_they_run(monkeypatch):
     pytest.importorskip("torch", reason="the sizing job needs torch")
     total = 100 << 30
