@@ -68,6 +68,15 @@ def test_cuda_events_are_checked_against_the_wall_clock():
     assert "reference_before_ms" not in measured  # event times: not comparable with the wall
 
 
+def test_each_sides_fastest_trial_gives_a_second_speedup():
+    # a busy GPU added 0-9 ms to trials of both sides: the medians say 1.0x, the fastest 2.0x
+    busy = {"candidate": _trials(event=[1.0, 5.0, 9.0, 6.0, 4.0], wall=[1.0, 5.0, 9.0, 6.0, 4.0]),
+            "reference": _trials(event=[2.0, 9.0, 5.0, 3.0, 7.0], wall=[2.0, 9.0, 5.0, 3.0, 7.0]),
+            "device": "H200"}
+    measured = measurement(busy, "robust", "cuda")
+    assert measured["speedup"] == 1.0 and measured["fastest_speedup"] == 2.0
+
+
 def test_kernelbench_method_takes_the_mean_to_three_figures():
     info = {"candidate": _trials(event=[1.0, 1.0, 4.0], wall=[1.1, 1.1, 4.1]),
             "reference": _trials(event=[3.0, 3.0, 3.0], wall=[3.1] * 3), "device": "H200"}
@@ -94,6 +103,20 @@ def test_kd701_levels(claimed, verified, expected):
     if expected:
         assert run.findings[0].rule == "KD701" and f"claimed {claimed:.3g}x" in \
             run.findings[0].message
+
+
+@pytest.mark.parametrize(("fastest", "expected"), [
+    (None, "error"),      # measured before the fastest trials were reported
+    (1.0, "error"),       # the fastest trials agree: no speedup
+    (1.6, "warning")])    # only the fastest trials show one: a busy GPU's work in the medians
+def test_kd701_is_an_error_only_when_the_fastest_trials_agree(fastest, expected):
+    run = KernelRun("k.py")
+    measured = {"speedup": 1.0, "runtime_ms": 5.0, "reference_ms": 5.0, "trials": 30,
+                "iqr": 3.0, "method": "cuda", "device": "H200", "fastest_speedup": fastest}
+    speedup_findings(Adder(run, Location("k.py", 3)), 3.0, measured, 1.5)
+    (finding,) = run.findings
+    assert finding.level.value == expected, finding.message
+    assert ("fastest trial gives 1.6x" in finding.message) == (expected == "warning")
 
 
 @pytest.mark.parametrize(("claimed_ms", "expected"), [

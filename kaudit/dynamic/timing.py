@@ -22,10 +22,12 @@ From the per-trial times it hands back, this module computes, in kaudit's proces
   clock on the trials (`kaudit.dynamic.witness`: forged times, work moved between trials);
 - KD701 (`speedup_findings`) when the speedup the results tree claims exceeds the measured one by
   more than `--speedup-tolerance` (1.5x): an error when the claim is over `ERROR_CLAIM` (2x) and
-  the measurement under `NO_SPEEDUP` (1.1x), unless the claimed runtime is over
-  `OTHER_CONDITIONS` (5x) the measured one: the claim was timed on larger inputs (KernelBenchX
-  times at its template's sizes, kaudit at its test's), where the same kernel may well be faster
-  than the reference. A claimed runtime far *under* the measured one stays an error: that is
+  the measurement under `NO_SPEEDUP` (1.1x), by the medians and by each side's fastest trial
+  (other work on a shared GPU, such as a scan's other jobs, adds its time to both sides' trials
+  and pulls the medians' ratio towards 1: a speedup only the fastest trials show is a
+  warning), unless the claimed runtime is over `OTHER_CONDITIONS` (5x) the measured one: the
+  claim was timed on larger inputs (KernelBenchX times at its template's sizes, kaudit at its
+  test's), where the same kernel may well be faster than the reference. A claimed runtime far *under* the measured one stays an error: that is
   what a kernel that did less work when it was timed claims.
 """
 
@@ -200,15 +202,18 @@ def measurement(info: dict, method: str, device: str) -> dict[str, Any]:
         before = [float(v) for v in info.get("reference_before") or []]
         reference_before = statistics.median(before) if before and use == "event" or \
             before and device != "cuda" else None
-    # the reference alternating with the kernel cancels drift (a busy machine slows both); its
-    # time before the kernel file was imported is reported beside it, not used: a machine
-    # that got busier since would pass for a kernel that slowed the reference down
+    # the reference alternating with the kernel spreads drift over both (a busy machine slows
+    # both); its time before the kernel file was imported is reported beside it, not used: a
+    # machine that got busier since would pass for a kernel that slowed the reference down
     baseline = reference_ms
     if runtime <= 0 or not math.isfinite(runtime):
         raise ValueError(f"candidate time {runtime}")
     measured = {"runtime_ms": round(runtime, 6), "reference_ms": round(baseline, 6),
                 "speedup": round(baseline / runtime, 4), "iqr": round(_iqr(ours), 6),
-                "trials": len(ours), "method": name, "device": str(info.get("device", device))}
+                "trials": len(ours), "method": name, "device": str(info.get("device", device)),
+                # each side's least disturbed trial: other work on a shared GPU adds its time to
+                # both sides' trials alike, which pulls the medians' ratio towards 1
+                "fastest_speedup": round(min(theirs) / min(ours), 4) if min(ours) > 0 else None}
     extras = {"reference_iqr": round(_iqr(theirs), 6),
               "reference_before_ms": round(reference_before, 6) if reference_before else None,
               "reference_during_ms": round(reference_ms, 6),
@@ -245,13 +250,18 @@ def speedup_findings(add: Adder, claimed: float | None, measured: dict | None,
     if claimed_runtime_ms and runtime > 0 and claimed_runtime_ms > OTHER_CONDITIONS * runtime:
         unlike = (f"; the claim's runtime, {claimed_runtime_ms:.4g} ms, is over "
                   f"{OTHER_CONDITIONS:g}x the measured one: timed on larger inputs, so a warning")
-    error = claimed > ERROR_CLAIM and verified < NO_SPEEDUP and not unlike
+    fastest = measured.get("fastest_speedup")
+    busy = ""
+    if not unlike and fastest is not None and verified < NO_SPEEDUP <= fastest:
+        busy = (f"; each side's fastest trial gives {fastest:.3g}x: the medians may hold the "
+                f"time of other work on a busy GPU, so a warning")
+    error = claimed > ERROR_CLAIM and verified < NO_SPEEDUP and not unlike and not busy
     add("KD701", f"speedup not reproduced: claimed {claimed:.3g}x, measured {verified:.3g}x "
         f"({measured['runtime_ms']:.4g} ms against the reference's {measured['reference_ms']:.4g}"
         f" ms, median of {measured['trials']} trials, IQR {measured['iqr']:.3g} ms, method "
         f"{measured['method']} on {measured['device']}): more than {tolerance:g}x below the claim"
         + (f"; a claim over {ERROR_CLAIM:g}x for a kernel measured under {NO_SPEEDUP:g}x"
-           if error else unlike),
+           if error else unlike or busy),
         level=Level.ERROR if error else None, claimed=claimed, measured=verified,
         ratio=round(claimed / verified, 3), tolerance=tolerance)
 
