@@ -88,6 +88,8 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
                                         run.status if run is not None else None,
                                         bool(run is not None and run.cached), done, total,
                                         run.metrics.get("job_seconds") if run is not None
+                                        else None,
+                                        run.metrics.get("gpu_memory") if run is not None
                                         else None))
 
     scanned = _results([scanned for scanned, _ in files], config, report.warnings)

@@ -687,18 +687,57 @@ def test_a_kernels_jobs_ask_first_for_what_its_problem_is_sized_to_need(monkeypa
     pytest.importorskip("torch", reason="the sizing job needs torch")
     from kaudit.dynamic import kernels
 
-    total = 100 << 30
+    total = 141 << 30  # an H200
     monkeypatch.setattr(kernels, "gpu_memory", lambda device: GpuMemory("GPU-a", total, total))
     folder = ROOT / "fixtures" / "problems"
     claim = GpuClaim("0", GPU_MEMORY_SHARE / 14)
     size = problem_sizing.sizes.size(str(folder / "good_matmul.py"), 42)
-    kernels.size_claim(claim, size)
-    assert size is not None and claim.need == pytest.approx(problem_sizing.gpu_need(size, total))
-    assert claim.need < claim.share / 5, "a small problem leaves its neighbours the rest"
+    kernels.size_claim(claim, size, 2)
+    assert size is not None
+    assert claim.need == pytest.approx(problem_sizing.audit_gpu_need(size, 2, total))
+    assert claim.need > problem_sizing.gpu_need(size, total), \
+        "the candidate holds more than the problem's job: two models, every input set, guards"
+    assert claim.need < claim.share / 2, "a small problem leaves its neighbours the rest"
     unsized = GpuClaim("0", GPU_MEMORY_SHARE / 14)
     kernels.size_claim(unsized, problem_sizing.sizes.size(str(folder / "bad_raises_in_init.py"),
-                                                          42))
+                                                          42), 2)
     assert unsized.need is None, "a problem that cannot be sized keeps the even share"
+
+
+def test_the_candidates_peak_holds_both_models_and_every_input_set():
+    """Four of 14 warm audits on the H200 ran out at their problem job's need: the candidate
+    job holds a poisoned model beside the plain one, with what its forward allocates kept alive
+    as guarded blocks, and every input set on the device."""
+    from kaudit.dynamic.harness.poison import GUARD_BUDGET_BYTES
+    from kaudit.dynamic.problem_sizing import ProblemSize, candidate_peak, job_peak
+
+    gib = 1 << 30
+    large = ProblemSize(params=4 * gib, inputs=gib, outputs=gib, forward=2 * gib)
+    assert candidate_peak(large, 2) >= 2 * 4 * gib + 6 * gib + 2 * gib, \
+        "two models, six input sets, forward's allocations"
+    assert candidate_peak(large, 2) - candidate_peak(large, 0) == 2 * gib, "a set per scale"
+    small = ProblemSize(params=0, inputs=1 << 20, outputs=1 << 20, forward=1 << 20)
+    assert candidate_peak(small, 2) > GUARD_BUDGET_BYTES > job_peak(small), \
+        "a small problem's poisoned run may keep the guard budget's worth of blocks"
+
+
+def test_an_audit_reports_what_its_jobs_asked_and_its_candidate_held(monkeypatch):
+    from types import SimpleNamespace
+
+    from kaudit.dynamic import kernels
+    from kaudit.dynamic.problem_sizing import ProblemSize
+
+    total = 141 << 30
+    monkeypatch.setattr(kernels, "gpu_memory", lambda device: GpuMemory("GPU-a", total, total))
+    claim = GpuClaim("0", GPU_MEMORY_SHARE / 14)
+    need = kernels.size_claim(claim, ProblemSize(0, 1 << 20, 1 << 20), 2)
+    assert need == int(claim.need * total)
+    metrics: dict = {}
+    kernels.gpu_memory_metrics(metrics, need, SimpleNamespace(value={"gpu_peak_bytes": 5 << 20}))
+    assert metrics["gpu_memory"] == {"need_bytes": need, "candidate_peak_bytes": 5 << 20}
+    # the kernel's process reports its peak: anything but a number is left out
+    kernels.gpu_memory_metrics(metrics, None, SimpleNamespace(value={"gpu_peak_bytes": "9e99"}))
+    assert metrics["gpu_memory"] == {"need_bytes": None, "candidate_peak_bytes": None}
 
 
 def test_a_gpu_whose_memory_is_unknown_keeps_the_even_share(monkeypatch):
@@ -707,7 +746,7 @@ def test_a_gpu_whose_memory_is_unknown_keeps_the_even_share(monkeypatch):
 
     monkeypatch.setattr(kernels, "gpu_memory", lambda device: None)  # no nvidia-smi, a MIG entry
     claim = GpuClaim("0", GPU_MEMORY_SHARE / 14)
-    kernels.size_claim(claim, ProblemSize(0, 1 << 20, 1 << 20))
+    kernels.size_claim(claim, ProblemSize(0, 1 << 20, 1 << 20), 2)
     assert claim.need is None and claim.share == GPU_MEMORY_SHARE / 14
 
 

@@ -142,6 +142,7 @@ def test_a_killed_scan_resumes_with_what_is_missing(in_tmp):
         seconds = line["job_seconds"]
         assert all(seconds[kind] > 0 for kind in ("reference", "candidate", "plain_run")), seconds
         assert all(s >= 0 for s in seconds.values()) and "candidate:forward" in seconds, seconds
+        assert line["gpu_memory"] is None, "no GPU: nothing asked of one"
     report = json.loads((in_tmp / "report.json").read_text())
     assert report["summary"]["dynamic"]["cached"] == len(finished)
     # each line is its verdict's whole record, claims and measurements too

@@ -402,16 +402,28 @@ def _record_reference(item: WorkItem) -> str | None:
 SIZED_DEVICES = ("cuda",)
 
 
-def size_claim(gpu: GpuClaim, size: problem_sizing.ProblemSize | None) -> None:
+def size_claim(gpu: GpuClaim, size: problem_sizing.ProblemSize | None,
+               scales: int) -> int | None:
     """Let the kernel's jobs ask first for the share of the GPU its problem is sized to need
-    (`problem_sizing.gpu_need`, as `kaudit problems` asks), not for their even share of it
+    (`problem_sizing.audit_gpu_need`), not for their even share of it
     (0.9 / -j): each share is held in this process's ledger of the GPU for the whole job, and a
     job of a problem needing more ran out at it, ran wide (0.45) and held up every job after it
     (README: Sharing a GPU). Unsized problems, and GPUs whose memory is unknown, keep the even
-    share."""
+    share (None); else the bytes asked."""
     memory = gpu_memory(gpu.device) if size is not None else None
     if memory is not None and memory.total > 0:
-        gpu.need = problem_sizing.gpu_need(size, memory.total)
+        gpu.need = problem_sizing.audit_gpu_need(size, scales, memory.total)
+        return int(gpu.need * memory.total)
+    return None
+
+
+def gpu_memory_metrics(metrics: dict, need_bytes: int | None, candidate: RunResult) -> None:
+    """`metrics.gpu_memory`: what the kernel's jobs asked first of the GPU (None: the even
+    share) and the most the candidate job's caching allocator held, in bytes. The kernel's own
+    process reports the second: a figure for sizing, never judged."""
+    peak = candidate.value.get("gpu_peak_bytes") if isinstance(candidate.value, dict) else None
+    metrics["gpu_memory"] = {"need_bytes": need_bytes,
+                             "candidate_peak_bytes": peak if type(peak) is int else None}
 
 
 def audit_kernel(file: str, display: str, text: str, options: DynamicOptions, device: str,
@@ -460,8 +472,7 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
     # sized once, where a sizing job pays: the disk the audit reserves and its share of the GPU
     size = problem_sizing.sizes.size(problem, options.init_seed) \
         if device in SIZED_DEVICES else None
-    if gpu is not None:
-        size_claim(gpu, size)
+    need_bytes = size_claim(gpu, size, len(scales)) if gpu is not None else None
     common = {"problem": problem, "device": device,
               "init_seed": options.init_seed, "seeds": list(options.seeds), "scales": scales}
     env: dict[str, str] = {}
@@ -546,6 +557,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                              "calls": schedule.randint(*options.calls)},
                           env=env, inputs=shared, visible=visible, writable=(build,), **limits)
                 with run_job(job) as candidate:
+                    if device == "cuda":
+                        gpu_memory_metrics(run.metrics, need_bytes, candidate)
                     judging = time.monotonic()
                     watched = judge(run, add, candidate, refs, inputs, scaled_refs, options,
                                     reference_left, interpreted,

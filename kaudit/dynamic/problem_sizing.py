@@ -168,10 +168,38 @@ def job_peak(size: ProblemSize) -> int:
     return max(native, size.params64 + size.inputs64 + max(size.inputs, size.forward64))
 
 
+def candidate_peak(size: ProblemSize, scales: int) -> int:
+    """The most a kernel's candidate job (`harness/kernel_job.run_candidate`) holds at once on
+    the GPU: the plain model; every input set on the device (A, B and each of `scales` scaled
+    sets, kept to see them changed, beside the first call's inputs and the call's own); the
+    outputs of the first call and, in a poisoned run, their copy before the synchronise; the
+    free blocks left to poison; and the poisoned run's model with everything its forward
+    allocates, kept alive as guarded blocks up to the poisoner's budget. Its jobs all ask the
+    most of the audit's (`audit_gpu_need`): four of 14 warm audits on the H200 ran out at the
+    problem job's need and ran again (`job_seconds.gpu_retry`, 14-31 s each)."""
+    from kaudit.dynamic.harness.poison import GUARD_BUDGET_BYTES, WARM_CACHE_BYTES
+
+    made = size.forward if size.forward is not None else size.inputs
+    outputs = size.outputs if size.outputs is not None else made
+    poisoned = max(size.params + made, GUARD_BUDGET_BYTES)
+    return size.params + (4 + scales) * size.inputs + 2 * outputs + WARM_CACHE_BYTES + poisoned
+
+
+def share_of(peak: int, total: int) -> float:
+    """The share of a GPU of `total` bytes that a job holding `peak` bytes at most asks first
+    (`gpu_share.GpuClaim.need`): the peak with the margins above."""
+    return (PEAK_MARGIN * peak + FIXED_BYTES) / total
+
+
 def gpu_need(size: ProblemSize, total: int) -> float:
-    """The share of a GPU of `total` bytes that a job of this problem asks first
-    (`gpu_share.GpuClaim.need`): its peak with the margins above."""
-    return (PEAK_MARGIN * job_peak(size) + FIXED_BYTES) / total
+    """What a job of this problem (`kaudit problems`) asks first."""
+    return share_of(job_peak(size), total)
+
+
+def audit_gpu_need(size: ProblemSize, scales: int, total: int) -> float:
+    """What the jobs of a kernel's audit (`scan --dynamic`) ask first: the most of its
+    reference's and its candidate's."""
+    return share_of(max(job_peak(size), candidate_peak(size, scales)), total)
 
 
 class SizeMemo:

@@ -86,6 +86,9 @@ class KernelOutcome:
     #: seconds per kind of job of its dynamic audit (reference, candidate, plain_run, timing,
     #: profile ...): where the audit's time went; None without a dynamic run
     job_seconds: dict[str, float] | None = None
+    #: on a GPU, what its jobs asked first and what its candidate job held at most, in bytes
+    #: (`need_bytes`, `candidate_peak_bytes`)
+    gpu_memory: dict[str, int | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # the verdict's whole record (its claim and measurement too), so a killed scan's stream
@@ -93,4 +96,5 @@ class KernelOutcome:
         return {**self.verdict.to_dict(),
                 "findings": [f.to_dict() for f in self.findings],
                 "seconds": round(self.seconds, 3) if self.seconds is not None else None,
-                "status": self.status, "cached": self.cached, "job_seconds": self.job_seconds}
+                "status": self.status, "cached": self.cached, "job_seconds": self.job_seconds,
+                "gpu_memory": self.gpu_memory}

@@ -395,6 +395,8 @@ def run_candidate(args: dict, out_dir: str) -> dict:
     if guards is not None:
         violations, _ = guards.check_guards([])
         info["guard_violations"] += [{**v, "run": "unpoisoned"} for v in violations]
+    if device.type == "cuda":
+        info["gpu_peak_bytes"] = int(torch.cuda.max_memory_reserved(device))
     return info
 
 

@@ -211,11 +211,16 @@ def poison_free_cuda_memory(run: int, key: str) -> int | None:
     return filled
 
 
+#: the free blocks `warm_cuda_cache` leaves: 32 small ones of 1 MiB and a large one
+WARM_SMALL, WARM_LARGE = 32, 256 << 20
+WARM_CACHE_BYTES = WARM_SMALL * (1 << 20) + WARM_LARGE
+
+
 def warm_cuda_cache(device: torch.device) -> None:
     """Leave free blocks in both pools of the caching allocator (small blocks come from 2 MiB
     segments, large ones from split segments) for `poison_free_cuda_memory` to fill."""
-    small = [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(32)]
-    large = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    small = [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(WARM_SMALL)]
+    large = torch.empty(WARM_LARGE, dtype=torch.uint8, device=device)
     del small, large
 
 
