@@ -438,14 +438,6 @@ def test_run_job_retries_a_real_job_alone_with_the_gpu_named(jobs):
         assert result.status == ERROR and not result.retried_alone
 
 
-def test_a_timing_jobs_wait_for_its_turn_alone_is_counted_apart(jobs):
-    with runner.job_seconds() as seconds, run_job(Job(
-            f"{jobs}:needs_the_whole_gpu", timeout=60, gpu=GpuClaim("3", 0.1, alone=True))) \
-            as result:
-        assert result.ok and result.value["fraction"] == GPU_MEMORY_SHARE, "what is free"
-    assert "timing_wait" in seconds and "gpu_wait" not in seconds, seconds
-
-
 @pytest.fixture
 def problems_on_a_fake_gpu(monkeypatch):
     """`kaudit problems` believing it runs on CUDA device 0; each job actually runs on the CPU.
