@@ -301,10 +301,9 @@ def looks_oom(result: Any) -> bool:
 def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     """Run `job` (a `runner.Job`) with `launch` on its GPU under a shared lock; a failure that
     looks like out of memory runs again with `WIDE_SHARE`, then alone under the exclusive lock
-    (see the module's docstring); a claim `alone` runs once, in its GPU's timing lane. The
-    last result is the one returned, with `gpu_wait_s` (time spent waiting for memory and
-    locks), `gpu_retry_s` (the seconds of the runs that ran out) and, after a failure alone,
-    `gpu_note` saying what was free. A gated job
+    (see the module's docstring); a claim `alone` runs once, in its GPU's timing lane. The last result is the one returned, with `gpu_wait_s` (time
+    spent waiting for memory and locks), `gpu_retry_s` (the seconds of the runs that ran out)
+    and, after a failure alone, `gpu_note` saying what was free. A gated job
     (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its memory and locks
     through the gate once it is ready; another job takes them before `launch(job)`."""
     waited, retried, runs, caps = 0.0, 0.0, 0, []
