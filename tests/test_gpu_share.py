@@ -212,17 +212,6 @@ def test_an_out_of_memory_failure_runs_again_wider_then_alone_on_the_gpu():
     assert result.gpu_retry_s == 4.0, "the two runs that ran out, thrown away"
 
 
-def test_a_timing_job_runs_once_alone_in_its_lane_outside_the_ledger():
-    launch = FakeLaunch(OOM)
-    with gpu_share.ledger("0").reserve(GPU_MEMORY_SHARE):  # the process's share all held
-        result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=0.01, alone=True),
-                                       launch)
-    assert launch.alone == [True], "the lane held the exclusive lock while it ran"
-    assert launch.fractions == [GPU_MEMORY_SHARE], "capped only by what is free"
-    assert not result.ok and result.gpu_runs == 1, "alone already: never run again"
-    assert gpu_share.lane("0").batches[-1] == 1
-
-
 def test_a_job_that_fits_in_the_wider_cap_does_not_empty_the_gpu():
     launch = FakeLaunch(OOM, OK)
     result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1), launch)

@@ -45,7 +45,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -583,11 +583,9 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                 os.path.getsize(shared.path("inputs_a.pt")))
                     timed_sweep(add, run.metrics, problem, reference_job, plain, device)
                 if options.timing.enabled(device) and not rejected(run):
-                    # alone on the GPU: another job's work would add to both sides' trials
-                    timed = {**limits, "gpu": gpu and replace(gpu, alone=True)}
                     measure(add, run.metrics, timing_job(
                         options.timing, common, kernel, build, options.key, run.path, env=env,
-                        inputs=shared, visible=visible, writable=(build,), **timed),
+                        inputs=shared, visible=visible, writable=(build,), **limits),
                         refs, watched, options.tolerance, device)
                 if device == "cuda" and not rejected(run):
                     attribute(add, run.metrics, profile_job(
