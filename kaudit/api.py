@@ -77,20 +77,19 @@ def scan_paths(paths: Iterable[str], config: Config | None = None,
               seconds: float | None = None, run: Any = None) -> None:
         """A file's findings are complete: the verdict of every path reaching it."""
         result = results[item.key]
+        metrics = run.metrics if run is not None else {}
         for path in reached_by[item.key]:
             verdict = verdicts[order[id(path)]] = judge(
                 path.display, path.submission or Submission("plain"), findings, timings,
                 config.suspicious_speedup, file=item.display,
                 incomplete=any(error.internal for error in result.errors),
-                measured=run.metrics.get("measured") if run is not None else None)
+                measured=metrics.get("measured"))
             if on_kernel is not None:
                 on_kernel(KernelOutcome(verdict, findings, seconds,
                                         run.status if run is not None else None,
                                         bool(run is not None and run.cached), done, total,
-                                        run.metrics.get("job_seconds") if run is not None
-                                        else None,
-                                        run.metrics.get("gpu_memory") if run is not None
-                                        else None))
+                                        metrics.get("job_seconds"),
+                                        metrics.get("gpu_memory")))
 
     scanned = _results([scanned for scanned, _ in files], config, report.warnings)
     to_run: list[WorkItem] = []  # what the dynamic pass runs: its verdict is final after it

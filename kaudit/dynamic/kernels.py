@@ -405,11 +405,11 @@ SIZED_DEVICES = ("cuda",)
 def size_claim(gpu: GpuClaim, size: problem_sizing.ProblemSize | None,
                scales: int) -> int | None:
     """Let the kernel's jobs ask first for the share of the GPU its problem is sized to need
-    (`problem_sizing.audit_gpu_need`), not for their even share of it
-    (0.9 / -j): each share is held in this process's ledger of the GPU for the whole job, and a
-    job of a problem needing more ran out at it, ran wide (0.45) and held up every job after it
-    (README: Sharing a GPU). Unsized problems, and GPUs whose memory is unknown, keep the even
-    share (None); else the bytes asked."""
+    (`problem_sizing.audit_gpu_need`), not for their even share of it (0.9 / -j): each share is
+    held in this process's ledger of the GPU for the whole job, and a job of a problem needing
+    more ran out at it, ran wide (0.45) and held up every job after it (README: Sharing a GPU).
+    Unsized problems, and GPUs whose memory is unknown, keep the even share (None); else the
+    bytes asked."""
     memory = gpu_memory(gpu.device) if size is not None else None
     if memory is not None and memory.total > 0:
         gpu.need = problem_sizing.audit_gpu_need(size, scales, memory.total)
