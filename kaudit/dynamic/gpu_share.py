@@ -170,6 +170,23 @@ def gpu_memory(device: str) -> GpuMemory | None:
         return _measured[1].get(device)
 
 
+_CAPABILITY = re.compile(r"\d+\.\d+")
+
+
+@functools.cache
+def compute_capability(device: str) -> str | None:
+    """The compute capability ("9.0") of the GPU a CUDA_VISIBLE_DEVICES entry names, from
+    nvidia-smi; None when unknown (no nvidia-smi, a MIG entry, an old driver)."""
+    try:
+        proc = subprocess.run(["nvidia-smi", f"--id={device}", "--query-gpu=compute_cap",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = proc.stdout.strip()
+    return found if proc.returncode == 0 and _CAPABILITY.fullmatch(found) else None
+
+
 def forget_measurements() -> None:
     """The next `gpu_memory` measures again (neighbours gave memory back)."""
     global _measured

@@ -13,7 +13,8 @@ For every kernel file the static scan read, this module (in the kaudit process):
    the candidate finished, a plain run of the kernel in a third (`harness.plain_run`); all hand
    back tensors loaded here with `weights_only=True`, refused unloaded when larger than expected.
    The candidate and the plain run compile into the kernel text's build folder
-   (`kaudit.dynamic.builds`), checked before each reuse;
+   (`kaudit.dynamic.builds`), checked before each reuse; on CUDA, a build job compiles the
+   kernel's extensions there first, with no GPU visible (`kaudit.dynamic.prebuild`);
 4. judges here (`kaudit.dynamic.judge`): write coverage, guard zones, correctness, scale
    fragility, stale output, input mutation, side streams, work after return, tampering and a plain
    run that disagrees (KD1xx-KD4xx); failures are KD501 (candidate) or KD503 (reference). An audit
@@ -72,6 +73,7 @@ from kaudit.dynamic.options import (  # noqa: F401 - the names callers import fr
     INPUT_SEEDS,
     DynamicOptions,
 )
+from kaudit.dynamic.prebuild import build_ahead, compiles_extension
 from kaudit.dynamic.profiling import attribute, profile_job
 from kaudit.dynamic.runner import (Job, OutputError, RunResult, SharedInputs, add_job_seconds,
                                    job_seconds, run_job, share_inputs)
@@ -139,11 +141,6 @@ def pair_problem(file: str, reference: str | None, options: DynamicOptions,
 _CUDA_SOURCES = re.compile(r"\bcuda_sources\s*=")
 _CU_FILE = re.compile(r"""['"][^'"\n]+\.cu['"]""")
 _TRITON = re.compile(r"^\s*(?:import\s+triton\b|from\s+triton\b)", re.MULTILINE)
-
-
-def compiles_extension(text: str) -> bool:
-    """Whether the kernel's text may compile an extension when it runs."""
-    return bool(re.search(r"\bload_inline\b|\bcpp_extension\b", text))
 
 
 def cuda_reason(text: str, triton_interpreter: bool | None = None) -> str | None:
@@ -551,6 +548,9 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
             kernel = os.path.abspath(file)
             visible = (os.path.dirname(kernel), os.path.dirname(problem))
             with builds.use(text) as build:
+                # compiled first on no GPU, so that no compile holds a share of it
+                build_ahead(text, kernel, build, env, visible=visible, writable=(build,),
+                            **limits)
                 job = Job(CANDIDATE_TARGET, {**common, "kernel": kernel, "build_dir": build,
                                              "poison_key": options.key,
                                              "schedule_seed": schedule.getrandbits(48),

@@ -1,0 +1,31 @@
+"""A kernel's extensions built ahead of its jobs on the GPU, with no GPU visible: the kernel file
+is imported once, as the jobs after it import it, so that its `load_inline` calls compile into
+the kernel's build folder while no share of the GPU is held. The candidate job that follows
+finds them built (ninja sees the same sources and flags) and only loads them.
+
+No GPU is visible (`CUDA_VISIBLE_DEVICES` is empty), so kernel code run here cannot touch the
+GPU that other jobs share or time. torch picks its arch flags from the visible GPUs; with none,
+`TORCH_CUDA_ARCH_LIST` names the one the jobs will see (`arch_list`), as torch would derive it
+there, so that the flags and the build are the same.
+
+It imports only the standard library and torch, and is loaded by path with the rest of its
+package forgotten, like the plain run. Arguments: `kernel`, `build_dir`, `arch_list`.
+"""
+
+import importlib.util
+import os
+import sys
+
+
+def run(args, out_dir):
+    os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(args["build_dir"], "torch")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(args["build_dir"], "triton")
+    if args.get("arch_list") and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = str(args["arch_list"])
+    import torch  # noqa: F401 - as the kernel's other jobs have it before the kernel
+
+    spec = importlib.util.spec_from_file_location("kernel", args["kernel"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernel"] = module
+    spec.loader.exec_module(module)
+    return {"imported": True}
