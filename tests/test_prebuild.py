@@ -28,19 +28,40 @@ with open(os.path.join(folder, "imports.jsonl"), "a") as handle:
 '''
 
 
+#: a kernel that builds in its constructor (as many real ones call `load_inline`), its layer's
+#: weights as large as its init inputs say
+BUILDS_WHEN_MADE = '''import os
+import torch
+from torch.utils.cpp_extension import load_inline  # noqa: F401
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, features)
+        folder = os.environ["TORCH_EXTENSIONS_DIR"]
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "made.txt"), "w") as handle:
+            handle.write(f"{self.linear.weight.device} {features}")
+'''
+PROBLEM = "def get_init_inputs():\n    return [1 << 16]\n"
+
+
 @pytest.fixture
 def kernel(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
     monkeypatch.setattr(gpu_share, "compute_capability", lambda device: "9.0")
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     path, build = tmp_path / "kernel.py", tmp_path / "build"
     path.write_text(RECORDING_KERNEL)
+    (tmp_path / "problem.py").write_text(PROBLEM)
     build.mkdir()
     return path, build
 
 
 def _ahead(path: Path, build: Path, gpu: GpuClaim | None = GpuClaim("0", 0.1)) -> list[dict]:
-    prebuild.build_ahead(path.read_text(), str(path), str(build), {}, gpu=gpu, timeout=120,
-                         visible=(str(path.parent),), writable=(str(build),))
+    prebuild.build_ahead(path.read_text(), str(path), str(path.parent / "problem.py"), str(build),
+                         {}, gpu=gpu, timeout=120, visible=(str(path.parent),),
+                         writable=(str(build),))
     record = build / "torch" / "imports.jsonl"
     return [json.loads(line) for line in record.read_text().splitlines()] \
         if record.exists() else []
@@ -51,6 +72,14 @@ def test_a_kernel_is_built_once_with_no_gpu_visible_and_the_gpus_arch(kernel):
     path, build = kernel
     assert _ahead(path, build) == [{"CUDA_VISIBLE_DEVICES": "", "TORCH_CUDA_ARCH_LIST": "9.0+PTX"}]
     assert len(_ahead(path, build)) == 1, "a folder a job compiled in is not built again"
+
+
+def test_a_kernel_that_builds_in_its_constructor_is_made_on_the_meta_device(kernel):
+    """Its weights (here 16 GiB of them) are never made."""
+    path, build = kernel
+    path.write_text(BUILDS_WHEN_MADE)
+    _ahead(path, build)
+    assert (build / "torch" / "made.txt").read_text() == f"meta {1 << 16}"
 
 
 def test_the_users_arch_list_is_kept(kernel, monkeypatch):

@@ -549,8 +549,8 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
             visible = (os.path.dirname(kernel), os.path.dirname(problem))
             with builds.use(text) as build:
                 # compiled first on no GPU, so that no compile holds a share of it
-                build_ahead(text, kernel, build, env, visible=visible, writable=(build,),
-                            **limits)
+                build_ahead(text, kernel, problem, build, env, visible=visible,
+                            writable=(build,), **limits)
                 job = Job(CANDIDATE_TARGET, {**common, "kernel": kernel, "build_dir": build,
                                              "poison_key": options.key,
                                              "schedule_seed": schedule.getrandbits(48),

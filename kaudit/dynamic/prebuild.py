@@ -3,9 +3,9 @@
 A candidate job that compiled its `load_inline` extensions did so inside the job, for about a
 minute of CPU on the H200's host, holding its share of the GPU and the GPU's shared lock: a job
 that needs the GPU alone (a timing job) waited behind every compile. So on CUDA, a kernel whose
-text may compile an extension and whose build folder holds nothing yet is first imported in a
-build job (`harness/build_job.py`) with no GPU visible: its extensions compile into its build
-folder, and the candidate job finds them built.
+text may compile an extension and whose build folder holds nothing yet is first imported, and
+its `ModelNew` made on the meta device, in a build job (`harness/build_job.py`) with no GPU
+visible: its extensions compile into its build folder, and the candidate job finds them built.
 
 The build job decides nothing: whatever it ends in, the candidate job runs as before, and
 compiles what is not built (a kernel that builds only when it sees a GPU, a GPU whose compute
@@ -36,16 +36,17 @@ def built_before(build: str) -> bool:
     return os.path.isdir(folder) and any(files for _, _, files in os.walk(folder))
 
 
-def build_ahead(text: str, kernel: str, build: str, env: dict[str, str], *,
+def build_ahead(text: str, kernel: str, problem: str, build: str, env: dict[str, str], *,
                 gpu: gpu_share.GpuClaim | None, **job: Any) -> None:
     """Compile kernel `text`'s extensions into `build` on no GPU, when its jobs will run on
-    `gpu` and there is something to build; `job`: the other `Job` fields (timeout, limits,
-    visible, writable, disk)."""
+    `gpu` and there is something to build; `problem`: the reference problem (its init inputs);
+    `job`: the other `Job` fields (timeout, limits, visible, writable, disk)."""
     if gpu is None or not compiles_extension(text) or built_before(build):
         return
     capability = gpu_share.compute_capability(gpu.device)
     if capability is None:
         return
-    args = {"kernel": kernel, "build_dir": build, "arch_list": f"{capability}+PTX"}
+    args = {"kernel": kernel, "problem": problem, "build_dir": build,
+            "arch_list": f"{capability}+PTX"}
     with run_job(Job(BUILD_TARGET, args, env={**env, "CUDA_VISIBLE_DEVICES": ""}, **job)):
         pass  # what it built is in the build folder; its failure is the candidate job's

@@ -1,7 +1,8 @@
 """A kernel's extensions built ahead of its jobs on the GPU, with no GPU visible: the kernel file
-is imported once, as the jobs after it import it, so that its `load_inline` calls compile into
-the kernel's build folder while no share of the GPU is held. The candidate job that follows
-finds them built (ninja sees the same sources and flags) and only loads them.
+is imported, as the jobs after it import it, and `ModelNew` is made on the meta device (a kernel
+may call `load_inline` in its constructor), so that its extensions compile into the kernel's
+build folder while no share of the GPU is held. The candidate job that follows finds them built
+(ninja sees the same sources and flags) and only loads them.
 
 No GPU is visible (`CUDA_VISIBLE_DEVICES` is empty), so kernel code run here cannot touch the
 GPU that other jobs share or time. torch picks its arch flags from the visible GPUs; with none,
@@ -9,7 +10,8 @@ GPU that other jobs share or time. torch picks its arch flags from the visible G
 there, so that the flags and the build are the same.
 
 It imports only the standard library and torch, and is loaded by path with the rest of its
-package forgotten, like the plain run. Arguments: `kernel`, `build_dir`, `arch_list`.
+package forgotten, like the plain run. Arguments: `kernel`, `problem` (its `get_init_inputs`),
+`build_dir`, `arch_list`.
 """
 
 import importlib.util
@@ -22,10 +24,22 @@ def run(args, out_dir):
     os.environ["TRITON_CACHE_DIR"] = os.path.join(args["build_dir"], "triton")
     if args.get("arch_list") and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         os.environ["TORCH_CUDA_ARCH_LIST"] = str(args["arch_list"])
-    import torch  # noqa: F401 - as the kernel's other jobs have it before the kernel
+    import torch
 
-    spec = importlib.util.spec_from_file_location("kernel", args["kernel"])
+    kernel = _load("kernel", args["kernel"])
+    try:  # a kernel that builds in ModelNew's constructor: built on the meta device, no weights
+        problem = _load("problem", args["problem"])
+        init_inputs = problem.get_init_inputs()
+        with torch.device("meta"):
+            kernel.ModelNew(*init_inputs)
+    except Exception as exc:  # noqa: BLE001 - what it built is built; the jobs report the rest
+        return {"constructed": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+    return {"constructed": True}
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["kernel"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
-    return {"imported": True}
+    return module
