@@ -192,10 +192,12 @@ class FakeLaunch:
         self.statuses = list(statuses)
         self.fractions: list[float] = []
         self.alone: list[bool] = []
+        self.lane_jobs: list[int] = []  # what the timing lane counts as running then
 
     def __call__(self, job: Job) -> RunResult:
         self.fractions.append(job.args["gpu_memory_fraction"])
         self.alone.append(not shared_lock_free())
+        self.lane_jobs.append(gpu_share.lane("0").jobs)
         status = self.statuses.pop(0)
         return RunResult(status, error="CUDA out of memory" if status == OOM else "",
                          wall_s=2.0)
@@ -210,6 +212,20 @@ def test_an_out_of_memory_failure_runs_again_wider_then_alone_on_the_gpu():
         "its share, then half of the process's part, then alone and not capped to a share"
     assert result.gpu_runs == 3, "every run is counted, the failed ones too"
     assert result.gpu_retry_s == 4.0, "the two runs that ran out, thrown away"
+    assert launch.lane_jobs[:2] == [1, 1], "a timing job's batch waits for runs beside others"
+    assert gpu_share.lane("0").jobs == 0
+
+
+def test_a_timing_job_runs_once_alone_in_its_lane_outside_the_ledger():
+    launch = FakeLaunch(OOM)
+    with gpu_share.ledger("0").reserve(GPU_MEMORY_SHARE):  # the process's share all held
+        result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, need=0.01, alone=True),
+                                       launch)
+    assert launch.alone == [True], "the lane held the exclusive lock while it ran"
+    assert launch.fractions == [GPU_MEMORY_SHARE], "capped only by what is free"
+    assert not result.ok and result.gpu_runs == 1, "alone already: never run again"
+    assert launch.lane_jobs == [0], "a timing job is not another job its lane waits for"
+    assert gpu_share.lane("0").batches[-1] == 1
 
 
 def test_a_job_that_fits_in_the_wider_cap_does_not_empty_the_gpu():
@@ -425,6 +441,14 @@ def test_run_job_retries_a_real_job_alone_with_the_gpu_named(jobs):
         "the run that ran out is counted apart: where the audit's time went"
     with run_job(Job(f"{jobs}:wrong", timeout=60, gpu=GpuClaim("3", 0.45))) as result:
         assert result.status == ERROR and not result.retried_alone
+
+
+def test_a_timing_jobs_wait_for_its_turn_alone_is_counted_apart(jobs):
+    with runner.job_seconds() as seconds, run_job(Job(
+            f"{jobs}:needs_the_whole_gpu", timeout=60, gpu=GpuClaim("3", 0.1, alone=True))) \
+            as result:
+        assert result.ok and result.value["fraction"] == GPU_MEMORY_SHARE, "what is free"
+    assert "timing_wait" in seconds and "gpu_wait" not in seconds, seconds
 
 
 @pytest.fixture

@@ -375,6 +375,55 @@ def test_what_the_timing_run_catches(tmp_path, source, code, reason):
     assert "measured" not in run.metrics
 
 
+#: a kernel that notes when each job imports it, in a folder the test shares with it
+NOTES_ITS_IMPORT = '''import os, time
+import torch
+import torch.nn as nn
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "imports.txt"), "a") as f:
+    f.write(f"{time.time()}\\n")
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x)
+'''
+
+
+def test_a_gated_timing_job_runs_no_kernel_code_before_its_turn(tmp_path, monkeypatch):
+    """On a GPU the timing job is gated: its process and CUDA context are made while it waits for
+    its turn alone on the GPU, and no code of the kernel runs until then (on the CPU, here, the
+    gate is handed to `run_job`)."""
+    import contextlib
+    import dataclasses
+    import time
+
+    from kaudit.dynamic import sandbox, timing
+    from kaudit.dynamic.runner import run_job
+
+    kernel = _pair(tmp_path / "pair", NOTES_ITS_IMPORT)
+    granted_at: list[float] = []
+
+    @contextlib.contextmanager
+    def turn():
+        time.sleep(1.0)  # the lane drains the GPU
+        granted_at.append(time.time())
+        yield {}
+
+    monkeypatch.setattr(timing, "run_job", lambda job: run_job(
+        dataclasses.replace(job, gated=True), turn))
+    sandbox.set_mode("off")  # the kernel notes its imports beside itself
+    try:
+        run = audit_kernel(str(kernel), str(kernel), kernel.read_text(),
+                           DynamicOptions(resolve(None, None, None), device="cpu",
+                                          calls=(8, 12), timing=QUICK), "cpu")
+    finally:
+        sandbox.set_mode("auto")
+    assert run.findings == [] and "measured" in run.metrics, run.metrics.get("timing_error")
+    imports = [float(line) for line in (kernel.parent / "imports.txt").read_text().split()]
+    assert granted_at and imports[-1] > granted_at[0], "the kernel was imported before its turn"
+
+
 @pytest.mark.gpu
 def test_cuda_timing(tmp_path):
     """On a GPU: events checked against the wall clock, the L2 flush, clocks, the KD701 tree."""

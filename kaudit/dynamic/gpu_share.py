@@ -22,6 +22,8 @@ process, never in a job.
 - A job that runs out even then runs once more holding the GPU's *exclusive* lock (no other
   kaudit job of this user on that GPU, in any process), capped only by what is free then; only
   that failure is reported, with the memory that was free.
+- A timing job (`GpuClaim.alone`) runs alone on its GPU, in its GPU's `TimingLane`, which
+  holds the exclusive lock for a batch of them (`kaudit.dynamic.timing_lane`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kaudit.dynamic.ledger import Ledger
+from kaudit.dynamic.timing_lane import TimingLane
 
 #: share of a GPU's memory the jobs of one kaudit process may take together (caching allocator)
 GPU_MEMORY_SHARE = 0.9
@@ -83,6 +86,8 @@ class GpuClaim:
     #: what a run also holds, taken first (`kaudit problems`: its turn among the -j problems on
     #: the GPU, taken in its gate once the job's process and CUDA context are made)
     turn: Callable[[], contextlib.AbstractContextManager] | None = None
+    #: run alone on the GPU, in its `TimingLane` (a timing job): its own cap is what is free
+    alone: bool = False
 
 
 @dataclass(frozen=True)
@@ -280,6 +285,17 @@ def ledger(device: str) -> Ledger:
         return _ledgers.setdefault(device, Ledger(GPU_MEMORY_SHARE))
 
 
+_lanes: dict[str, TimingLane] = {}
+
+
+def lane(device: str) -> TimingLane:
+    """This process's lane of timing jobs on one GPU."""
+    with _ledgers_lock:
+        if device not in _lanes:
+            _lanes[device] = TimingLane(functools.partial(holding, device, exclusive=True))
+        return _lanes[device]
+
+
 # -- running ---------------------------------------------------------------------------------
 
 
@@ -301,9 +317,10 @@ def looks_oom(result: Any) -> bool:
 def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     """Run `job` (a `runner.Job`) with `launch` on its GPU under a shared lock; a failure that
     looks like out of memory runs again with `WIDE_SHARE`, then alone under the exclusive lock
-    (see the module's docstring). The last result is the one returned, with `gpu_wait_s` (time
-    spent waiting for memory and locks), `gpu_retry_s` (the seconds of the runs that ran out)
-    and, after a failure alone, `gpu_note` saying what was free. A gated job
+    (see the module's docstring); a claim `alone` runs once, in its GPU's timing lane. The
+    last result is the one returned, with `gpu_wait_s` (time spent waiting for memory and
+    locks), `gpu_retry_s` (the seconds of the runs that ran out) and, after a failure alone,
+    `gpu_note` saying what was free. A gated job
     (`runner.Job.gated`) is launched first, `launch(job, gate)`, and takes its memory and locks
     through the gate once it is ready; another job takes them before `launch(job)`."""
     waited, retried, runs, caps = 0.0, 0.0, 0, []
@@ -346,6 +363,8 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
         result.gpu_retry_s = round(retried, 3)
         return result
 
+    if claim.alone:  # its lane holds the exclusive lock: no ledger, no other lock
+        return finish(run(None, lane(claim.device).turn, before=forget_measurements))
     if claim.need is None:
         shares = [claim.share] + ([WIDE_SHARE] if claim.share < WIDE_SHARE else [])
     else:  # sized: its need, then twice that (a need underestimated), then WIDE_SHARE
@@ -357,7 +376,8 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
         result = run(share,
                      functools.partial(ledger(claim.device).reserve, share,
                                        wide=share != claim.share),
-                     functools.partial(holding, claim.device, exclusive=False))
+                     functools.partial(holding, claim.device, exclusive=False),
+                     lane(claim.device).running)
         if not looks_oom(result):
             claim.step = step
             return finish(result)

@@ -46,7 +46,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -583,9 +583,13 @@ def _audit(run: KernelRun, add: Adder, file: str, text: str, options: DynamicOpt
                                 os.path.getsize(shared.path("inputs_a.pt")))
                     timed_sweep(add, run.metrics, problem, reference_job, plain, device)
                 if options.timing.enabled(device) and not rejected(run):
+                    # alone on the GPU: another job's work would add to both sides' trials;
+                    # gated, so that its process and CUDA context are made before its turn
+                    timed = {**limits, "gpu": gpu and replace(gpu, alone=True),
+                             "gated": gpu is not None}
                     measure(add, run.metrics, timing_job(
                         options.timing, common, kernel, build, options.key, run.path, env=env,
-                        inputs=shared, visible=visible, writable=(build,), **limits),
+                        inputs=shared, visible=visible, writable=(build,), **timed),
                         refs, watched, options.tolerance, device)
                 if device == "cuda" and not rejected(run):
                     attribute(add, run.metrics, profile_job(

@@ -317,8 +317,9 @@ _job_seconds: ContextVar[dict[str, float] | None] = ContextVar("job_seconds", de
 def job_seconds() -> Iterator[dict[str, float]]:
     """The seconds of every job `run_job` runs in this context (in this thread), summed by kind
     (`reference`, `candidate`, `plain_run`, `timing`, `profile`, ...), waits for the GPU
-    included and also counted alone (`gpu_wait`), as are runs that ran out of GPU memory and
-    ran again (`gpu_retry`): where an audit's time goes."""
+    included and also counted alone (`gpu_wait`; a timing job's wait for its turn alone on the
+    GPU, `timing_wait`), as are runs that ran out of GPU memory and ran again (`gpu_retry`):
+    where an audit's time goes."""
     seconds: dict[str, float] = {}
     token = _job_seconds.set(seconds)
     try:
@@ -370,7 +371,8 @@ def run_job(job: Job, gate: Gate | None = None) -> RunResult:
         if job.gpu is not None:
             placed = replace(job, env={**job.env, "CUDA_VISIBLE_DEVICES": job.gpu.device})
             result = gpu_share.run_claimed(placed, job.gpu, _run_once)
-            add_job_seconds("gpu_wait", result.gpu_wait_s)
+            # a timing job's wait is for its turn alone on the GPU, counted apart
+            add_job_seconds("timing_wait" if job.gpu.alone else "gpu_wait", result.gpu_wait_s)
             if result.gpu_runs > 1:
                 add_job_seconds("gpu_retry", result.gpu_retry_s)
             return result

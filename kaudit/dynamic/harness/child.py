@@ -99,19 +99,6 @@ def is_oom(exc: BaseException) -> bool:
     return type(exc).__name__ in OOM_TYPES or any(m in text for m in OOM_MESSAGES)
 
 
-#: seconds between looks for the parent's go (`wait_for_go`)
-GO_POLL = 0.002
-
-
-def wait_for_go(path: str) -> dict:
-    """Wait until the parent lets a gated job go on (`runner.Job.gated`: the file `path`, written
-    whole before it appears) and return what it granted."""
-    while not os.path.exists(path):
-        time.sleep(GO_POLL)
-    with open(path, encoding="utf-8") as file:
-        return json.load(file)
-
-
 def write_json(path: str, data: Any) -> None:
     """Write atomically: readers see the old file or the whole new one."""
     temporary = f"{path}.tmp{os.getpid()}"

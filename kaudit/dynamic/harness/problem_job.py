@@ -34,7 +34,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .child import import_file, is_oom, phase, wait_for_go, write_json
+from .child import import_file, is_oom, phase, write_json
+from .go import wait_for_go
 from .counting import count_where
 from .scaling import scale_input
 
@@ -265,7 +266,7 @@ class _Saver:
 
 
 def _wait_for_go(path: str, device: Any, torch: Any) -> None:
-    """Wait for the parent to grant the job its share of the GPU (`child.wait_for_go`), then cap
+    """Wait for the parent to grant the job its share of the GPU (`go.wait_for_go`), then cap
     the caching allocator to it."""
     granted = wait_for_go(path)
     if device.type == "cuda" and granted.get("gpu_memory_fraction"):

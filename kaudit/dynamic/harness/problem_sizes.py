@@ -20,7 +20,8 @@ import types
 import weakref
 from typing import Any
 
-from .child import import_file, phase, wait_for_go, write_json
+from .child import import_file, phase, write_json
+from .go import wait_for_go
 from .problem_job import float64_copy, to_device
 
 #: the sizes so far, in the job's output folder

@@ -9,7 +9,9 @@ forgotten, like the plain run. Arguments: `in_dir` (`inputs_a.pt`, `inputs_b.pt`
 `gpu_memory_fraction`, `method` (`robust` or `kernelbench`), `warmup`, `min_trials`, `max_trials`,
 `budget_s` (seconds of timed calls per model that set the trial count between the two), `discard`
 (KernelBench's discarded first trials), `check` (trial numbers whose candidate outputs are saved as
-`check<t>.pt`).
+`check<t>.pt`), `go` (on a GPU: the job is gated, and waits there for its turn alone on the GPU,
+its process and CUDA context made and no code of the problem or kernel run; the go file brings
+its cap).
 
 `robust`: the reference is timed first, before the kernel file is imported (`reference_before`);
 then reference and candidate alternate, trial by trial, in alternating order. Each trial gets
@@ -50,8 +52,8 @@ def _load(name, path):
 
 
 #: loaded by path from beside this file (its package is forgotten in a file job)
-model_state = _load("model_state", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                "model_state.py"))
+model_state, go = (_load(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            f"{name}.py")) for name in ("model_state", "go"))
 
 
 class _Clock:
@@ -188,8 +190,12 @@ def run(args, out_dir):
         # one thread: intra-op threads waiting on each other on a busy machine are most of the
         # spread of a wall-clock time
         torch.set_num_threads(1)
-    if device.type == "cuda" and args.get("gpu_memory_fraction"):
-        torch.cuda.set_per_process_memory_fraction(float(args["gpu_memory_fraction"]))
+    granted = args
+    if args.get("go"):  # its CUDA context made, no code of the problem or kernel run yet
+        torch.zeros(1, device=device)
+        granted = go.wait_for_go(str(args["go"]))  # its turn alone on the GPU
+    if device.type == "cuda" and granted.get("gpu_memory_fraction"):
+        torch.cuda.set_per_process_memory_fraction(float(granted["gpu_memory_fraction"]))
 
     def load(name):
         return torch.load(os.path.join(args["in_dir"], name), map_location="cpu",
