@@ -161,6 +161,37 @@ def test_a_sandboxed_job_sees_only_its_own_folders(jobs, mode):
     assert not seen["parent_memory"].startswith("ok")
 
 
+def test_a_job_that_sees_no_gpu_has_it_neither_named_nor_in_its_dev(tmp_path, monkeypatch):
+    """A build job runs kernel code while other jobs are timed alone on the GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    script = tmp_path / "jobs.py"
+    script.write_text("import os\ndef env(args, out_dir):\n"
+                      "    return os.environ.get('CUDA_VISIBLE_DEVICES')\n")
+    for hidden, seen in ((True, ""), (False, "0")):
+        with run_job(Job(f"{script}:env", timeout=60, no_gpu=hidden)) as result:
+            assert result.status == OK and result.value == seen, (hidden, result.describe())
+    plan = sandbox.plan_for(tmp_path, [], [], gpu_devices=False)
+    assert plan["gpu_devices"] is False and sandbox.plan_for(tmp_path, [], [])["gpu_devices"]
+
+
+@NEEDS_SANDBOX
+@pytest.mark.gpu
+@pytest.mark.skipif(not any(d.startswith("nvidia") for d in os.listdir("/dev")),
+                    reason="needs a GPU's /dev/nvidia* devices")
+def test_a_sandboxed_job_that_sees_no_gpu_has_no_gpu_device(jobs, mode):
+    """A process it starts with CUDA_VISIBLE_DEVICES set finds no device to open."""
+    mode("on")
+
+    def devices(no_gpu: bool) -> list[str]:
+        with run_job(Job(f"{jobs}:look", {"kaudit": "/", "key": "/", "folder": "/", "port": 1,
+                                          "parent": os.getpid()}, timeout=120,
+                         no_gpu=no_gpu)) as result:
+            assert result.status == OK, result.describe()
+            return [d for d in result.value["devices"] if d.startswith("nvidia")]
+
+    assert devices(False) and not devices(True)
+
+
 @pytest.mark.parametrize("sandboxed", ["on", "off"])
 @pytest.mark.parametrize("fork_server", ["1", "0"])
 def test_nothing_in_a_job_names_kaudit(jobs, mode, monkeypatch, sandboxed, fork_server):

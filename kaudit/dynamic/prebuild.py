@@ -48,5 +48,5 @@ def build_ahead(text: str, kernel: str, problem: str, build: str, env: dict[str,
         return
     args = {"kernel": kernel, "problem": problem, "build_dir": build,
             "arch_list": f"{capability}+PTX"}
-    with run_job(Job(BUILD_TARGET, args, env={**env, "CUDA_VISIBLE_DEVICES": ""}, **job)):
+    with run_job(Job(BUILD_TARGET, args, env=env, no_gpu=True, **job)):
         pass  # what it built is in the build folder; its failure is the candidate job's

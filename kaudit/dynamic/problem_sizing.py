@@ -75,7 +75,7 @@ def sizing_jobs(problems: int) -> int:
 def _size_chunk(paths: list[str], init_seed: int, timeout: float,
                 gate: Gate | None) -> dict[str, ProblemSize | None]:
     job = Job(SIZES_TARGET, {"paths": paths, "init_seed": init_seed}, timeout=timeout,
-              env={"CUDA_VISIBLE_DEVICES": ""},
+              no_gpu=True,
               visible=tuple(sorted({os.path.dirname(path) for path in paths})),
               gated=gate is not None)
     try:

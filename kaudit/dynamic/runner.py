@@ -121,6 +121,9 @@ class Job:
     #: folder it sees read-only): its process start and CUDA context are made meanwhile (the
     #: problem job); on the CPU, a gated job waits likewise for the gate given to `run_job`
     gated: bool = False
+    #: it sees no GPU: CUDA_VISIBLE_DEVICES is empty and, in the sandbox, its /dev has no GPU
+    #: device, so that no process it starts sees one either (code run while others time alone)
+    no_gpu: bool = False
 
 
 @dataclass
@@ -435,7 +438,8 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
             "memory_limit": job.memory_limit, "cpu_limit": job.cpu_limit,
             "file_size_limit": file_size_limit, "process_limit": PROCESS_LIMIT,
             "cgroup": cgroup.procs if cgroup is not None else None,
-            "sandbox": sandbox.plan_for(root, visible, writable) if confined else None}
+            "sandbox": sandbox.plan_for(root, visible, writable, gpu_devices=not job.no_gpu)
+            if confined else None}
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     env = _job_environment(lib, {
         "TMPDIR": str(tmp),
@@ -444,7 +448,7 @@ def _run(job: Job, root: Path, confined: bool, cgroup: sandbox.JobCgroup | None,
         "CUDA_CACHE_PATH": str(tmp / "nv"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
         # CuPy compiles into ~/.cupy by default: a CUDA-L1 kernel failed there (KD501)
         "CUPY_CACHE_DIR": str(tmp / "cupy"),
-        **job.env})
+        **job.env, **({"CUDA_VISIBLE_DEVICES": ""} if job.no_gpu else {})})
     stdout_path, stderr_path = root / "stdout.txt", root / "stderr.txt"
     result = RunResult(status=CRASHED, out_dir=out, _root=root)
     started = time.monotonic()

@@ -141,16 +141,19 @@ def hidden_paths() -> list[str]:
     return sorted(paths)
 
 
-def plan_for(root: Path, visible: Iterable[str], writable: Iterable[str]) -> dict:
+def plan_for(root: Path, visible: Iterable[str], writable: Iterable[str],
+             gpu_devices: bool = True) -> dict:
     """The filesystem view of a job whose folder is `root`: `writable` read-write, `visible`
-    read-only, kaudit hidden, private temporary folders."""
+    read-only, kaudit hidden, private temporary folders; the GPU devices in its /dev unless
+    not `gpu_devices`."""
     temporary = os.path.realpath(tempfile.gettempdir())
     tmp_roots = [] if temporary == "/tmp" or temporary.startswith("/tmp/") else [temporary]
     read = sorted({os.path.realpath(p) for p in [*visible, *_installation_in(temporary)]
                    if os.path.isdir(p)})
     write = sorted({os.path.realpath(p) for p in writable})
     return {"write": write, "read": [p for p in read if p not in write],
-            "hide": hidden_paths(), "tmp_roots": tmp_roots, "tmpfs_bytes": TMPFS_BYTES}
+            "hide": hidden_paths(), "tmp_roots": tmp_roots, "tmpfs_bytes": TMPFS_BYTES,
+            "gpu_devices": gpu_devices}
 
 
 def _installation_in(temporary: str) -> list[str]:

@@ -3,7 +3,7 @@
 The GPU runs one process's kernels at a time: another job's work on it adds its time to the
 trials of both the reference and the kernel, which pulls their ratio towards 1 (at `-j 14` on
 the H200, cuBLAS's 2048x8192x4096 float32 matmul measured 12.2 ms beside the scan's other jobs,
-the reference's IQR up to 69 % of its median; alone, 2.8 ms and 2-4 %). So a timing job waits in
+the reference's IQR up to 69 % of its median; alone, 2.78 ms and 2-4 %). So a timing job waits in
 its GPU's `TimingLane` until a batch starts, and the batch holds the GPU's exclusive lock (no
 other kaudit job of the user runs on it, here or in another process) while the timing jobs
 waiting run one after another. A timing job is gated (`runner.Job.gated`): its process and CUDA

@@ -4,8 +4,9 @@ may call `load_inline` in its constructor), so that its extensions compile into 
 build folder while no share of the GPU is held. The candidate job that follows finds them built
 (ninja sees the same sources and flags) and only loads them.
 
-No GPU is visible (`CUDA_VISIBLE_DEVICES` is empty), so kernel code run here cannot touch the
-GPU that other jobs share or time. torch picks its arch flags from the visible GPUs; with none,
+No GPU is visible (`runner.Job.no_gpu`: `CUDA_VISIBLE_DEVICES` is empty and, in the sandbox,
+/dev has no GPU device, so a process it starts sees none either), so kernel code run here cannot
+touch the GPU that other jobs share or time. torch picks its arch flags from the visible GPUs; with none,
 `TORCH_CUDA_ARCH_LIST` names the one the jobs will see (`arch_list`), as torch would derive it
 there, so that the flags and the build are the same.
 

@@ -5,7 +5,7 @@ the job's own supervisor before any job code runs (see `child.py`).
 namespaces (without a user namespace when that is refused and the process is root) and builds the
 job's view of the filesystem: everything read-only; a private tmpfs on /tmp (and on the job's
 temporary root, when that is elsewhere) and on /dev/shm; a /dev with only the usual character
-devices and the NVIDIA ones; the `hide` paths covered by empty tmpfs; the `read` folders bound back
+devices and the NVIDIA ones (none for a plan without `gpu_devices`); the `hide` paths covered by empty tmpfs; the `read` folders bound back
 read-only and the `write` folders read-write, each at its own path. `enter_pid_namespace()` makes
 the next child PID 1 of a new PID namespace, `mount_proc()` gives that namespace its own /proc, and
 `drop_privileges()` ends with no capability and no way to gain one (bounding set emptied,
@@ -34,6 +34,8 @@ MOUNT_ATTR_RDONLY = 0x1
 _MOUNT_SETATTR = {"x86_64": 442, "aarch64": 442}.get(platform.machine())
 _CAPSET = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+#: the GPU devices (nvidia0, nvidiactl, nvidia-uvm, ...), left out of a job that sees no GPU
+GPU_DEVICE_PREFIX = "nvidia"
 #: capability numbers to drop from the bounding set (CAP_LAST_CAP is 40 on current kernels)
 LAST_CAP = 63
 
@@ -154,9 +156,11 @@ def _new_namespaces(uid: int, gid: int) -> str:
 
 def _build_view(plan: dict, sources: dict[str, int]) -> None:
     size = int(plan.get("tmpfs_bytes", 1 << 30))
-    # 1. a private /dev: the usual devices and the GPU ones, bound from the real /dev
+    # 1. a private /dev: the usual devices and the GPU ones (unless the job sees no GPU), bound
+    # from the real /dev
     devices = [d for d in DEVICES if os.path.exists(f"/dev/{d}")]
-    gpu = sorted(d for d in os.listdir("/dev") if d.startswith("nvidia"))
+    gpu = sorted(d for d in os.listdir("/dev") if d.startswith(GPU_DEVICE_PREFIX)) \
+        if plan.get("gpu_devices", True) else []
     device_fds = {d: os.open(f"/dev/{d}", os.O_PATH) for d in devices + gpu}
     try:
         _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "mode=755,size=1m")
