@@ -22,7 +22,7 @@ from typing import Any
 from kaudit.dynamic import gpu_share
 from kaudit.dynamic.runner import Job, run_job
 
-BUILD_TARGET = "build_job.py:run"
+BUILD_TARGET = "build_job:run"
 
 
 def compiles_extension(text: str) -> bool:

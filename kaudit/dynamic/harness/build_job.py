@@ -10,26 +10,25 @@ touch the GPU that other jobs share or time. torch picks its arch flags from the
 `TORCH_CUDA_ARCH_LIST` names the one the jobs will see (`arch_list`), as torch would derive it
 there, so that the flags and the build are the same.
 
-It imports only the standard library and torch, and is loaded by path with the rest of its
-package forgotten, like the plain run. Arguments: `kernel`, `problem` (its `get_init_inputs`),
-`build_dir`, `arch_list`.
+Arguments: `kernel`, `problem` (its `get_init_inputs`), `build_dir`, `arch_list`.
 """
 
-import importlib.util
 import os
-import sys
+from typing import Any
+
+from .child import import_file
 
 
-def run(args, out_dir):
+def run(args: dict, out_dir: str) -> dict[str, Any]:
     os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(args["build_dir"], "torch")
     os.environ["TRITON_CACHE_DIR"] = os.path.join(args["build_dir"], "triton")
     if args.get("arch_list") and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         os.environ["TORCH_CUDA_ARCH_LIST"] = str(args["arch_list"])
     import torch
 
-    kernel = _load("kernel", args["kernel"])
+    kernel = import_file("kernel", args["kernel"])
     try:  # a kernel that builds in ModelNew's constructor: built on the meta device, no weights
-        problem = _load("problem", args["problem"])
+        problem = import_file("problem", args["problem"])
         init_inputs = problem.get_init_inputs()
         with torch.device("meta"):
             kernel.ModelNew(*init_inputs)
@@ -37,10 +36,3 @@ def run(args, out_dir):
         return {"constructed": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     return {"constructed": True}
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
