@@ -14,12 +14,14 @@ class SpeedupNotReproduced(DynamicRule):
     reference's median over the kernel's. Reported when the speedup the results tree claims (its
     `speedup`, or `--baseline-timings` over its runtime) exceeds the measured one by more than
     `--speedup-tolerance` (default 1.5x): a warning, an error when the claim is over 2x and the
-    measurement under 1.1x, both by the medians and by each side's fastest trial, unless the
-    claimed runtime is over 5x the measured one (the claim was timed on larger inputs, as
-    KernelBenchX times at its template's sizes). Other work on the GPU (a scan's other jobs)
-    adds its time to the trials of both sides and pulls the medians' ratio towards 1: a speedup
-    that only the fastest trials show is a warning. The verdict's `measured` record holds the
-    numbers (median and IQR in ms, trials, method, device, `fastest_speedup`).
+    measurement under 1.1x by the medians, unless the claimed runtime is over 5x the measured
+    one (the claim was timed on larger inputs, as KernelBenchX times at its template's sizes).
+    On CUDA each kernel is timed alone on its GPU, holding its lock (`measured.alone`). Where
+    it was not (no usable lock folder, the CPU), other work adds its time to the trials of both
+    sides and pulls the medians' ratio towards 1, so the error also needs each side's fastest
+    trial to show no speedup: a speedup that only the fastest trials show is a warning. The
+    verdict's `measured` record holds the numbers (median and IQR in ms, trials, method,
+    device, `fastest_speedup`, `alone`).
 
     ## Why is this bad?
     Speedups are what benchmark submissions are ranked by. A claim that does not reproduce came

@@ -225,7 +225,17 @@ def test_a_timing_job_runs_once_alone_in_its_lane_outside_the_ledger():
     assert launch.fractions == [GPU_MEMORY_SHARE], "capped only by what is free"
     assert not result.ok and result.gpu_runs == 1, "alone already: never run again"
     assert launch.lane_jobs == [0], "a timing job is not another job its lane waits for"
+    assert result.held_gpu_alone, "the measurement is marked as timed alone"
     assert gpu_share.lane("0").batches[-1] == 1
+
+
+def test_without_a_lock_folder_a_timing_job_is_not_marked_as_alone(monkeypatch):
+    """Its lane then only runs timing jobs one at a time: other jobs may run beside them, so
+    KD701 keeps its check of the fastest trials."""
+    monkeypatch.setattr(gpu_share, "lock_folder", lambda: None)
+    result = gpu_share.run_claimed(Job("x:y"), GpuClaim("0", 0.1, alone=True),
+                                   lambda job: RunResult(OK))
+    assert result.ok and not result.held_gpu_alone
 
 
 def test_a_job_that_fits_in_the_wider_cap_does_not_empty_the_gpu():

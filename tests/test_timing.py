@@ -105,14 +105,16 @@ def test_kd701_levels(claimed, verified, expected):
             run.findings[0].message
 
 
-@pytest.mark.parametrize(("fastest", "expected"), [
-    (None, "error"),      # measured before the fastest trials were reported
-    (1.0, "error"),       # the fastest trials agree: no speedup
-    (1.6, "warning")])    # only the fastest trials show one: a busy GPU's work in the medians
-def test_kd701_is_an_error_only_when_the_fastest_trials_agree(fastest, expected):
+@pytest.mark.parametrize(("fastest", "alone", "expected"), [
+    (None, False, "error"),     # measured before the fastest trials were reported
+    (1.0, False, "error"),      # the fastest trials agree: no speedup
+    (1.6, False, "warning"),    # only the fastest trials show one: a busy GPU's work in the medians
+    (1.6, True, "error")])      # timed alone: one fast trial is the kernel's, not the GPU's
+def test_kd701_is_an_error_only_when_the_fastest_trials_agree(fastest, alone, expected):
     run = KernelRun("k.py")
     measured = {"speedup": 1.0, "runtime_ms": 5.0, "reference_ms": 5.0, "trials": 30,
-                "iqr": 3.0, "method": "cuda", "device": "H200", "fastest_speedup": fastest}
+                "iqr": 3.0, "method": "cuda", "device": "H200", "fastest_speedup": fastest,
+                **({"alone": True} if alone else {})}
     speedup_findings(Adder(run, Location("k.py", 3)), 3.0, measured, 1.5)
     (finding,) = run.findings
     assert finding.level.value == expected, finding.message
@@ -410,8 +412,13 @@ def test_a_gated_timing_job_runs_no_kernel_code_before_its_turn(tmp_path, monkey
         granted_at.append(time.time())
         yield {}
 
-    monkeypatch.setattr(timing, "run_job", lambda job: run_job(
-        dataclasses.replace(job, gated=True), turn))
+    @contextlib.contextmanager
+    def alone_in_its_turn(job):
+        with run_job(dataclasses.replace(job, gated=True), turn) as result:
+            result.held_gpu_alone = True  # as the lane's exclusive lock would have it
+            yield result
+
+    monkeypatch.setattr(timing, "run_job", alone_in_its_turn)
     sandbox.set_mode("off")  # the kernel notes its imports beside itself
     try:
         run = audit_kernel(str(kernel), str(kernel), kernel.read_text(),
@@ -422,6 +429,7 @@ def test_a_gated_timing_job_runs_no_kernel_code_before_its_turn(tmp_path, monkey
     assert run.findings == [] and "measured" in run.metrics, run.metrics.get("timing_error")
     imports = [float(line) for line in (kernel.parent / "imports.txt").read_text().split()]
     assert granted_at and imports[-1] > granted_at[0], "the kernel was imported before its turn"
+    assert run.metrics["measured"]["alone"] is True, "recorded from kaudit's side, for KD701"
 
 
 @pytest.mark.gpu

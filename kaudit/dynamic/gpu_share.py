@@ -364,7 +364,9 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
         return result
 
     if claim.alone:  # its lane holds the exclusive lock: no ledger, no other lock
-        return finish(run(None, lane(claim.device).turn, before=forget_measurements))
+        timed = finish(run(None, lane(claim.device).turn, before=forget_measurements))
+        timed.held_gpu_alone = lock_folder() is not None  # without locks, only one at a time
+        return timed
     if claim.need is None:
         shares = [claim.share] + ([WIDE_SHARE] if claim.share < WIDE_SHARE else [])
     else:  # sized: its need, then twice that (a need underestimated), then WIDE_SHARE
@@ -393,6 +395,7 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     second = run(None, functools.partial(holding, claim.device, exclusive=True),
                  before=measured)
     second.retried_alone = True
+    second.held_gpu_alone = lock_folder() is not None
     if looks_oom(second):
         free = memory[-1] if memory else None
         state = f"{free.free / (1 << 30):.1f} GiB free of {free.total / (1 << 30):.1f} GiB" \

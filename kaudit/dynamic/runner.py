@@ -145,6 +145,9 @@ class RunResult:
     out_dir: Path | None = None
     #: it ran out of GPU memory beside other jobs, and this is its run alone on the GPU
     retried_alone: bool = False
+    #: it ran holding its GPU's exclusive lock: no other kaudit job of the user ran on the GPU
+    #: meanwhile (a timing job in its lane, a retry alone), as far as kaudit's process knows
+    held_gpu_alone: bool = False
     #: for a job that ran out of GPU memory even alone on the GPU: what was free then
     gpu_note: str = ""
     #: seconds it waited for GPU memory and locks before its runs (`gpu_share.run_claimed`)

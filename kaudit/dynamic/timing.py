@@ -22,10 +22,12 @@ From the per-trial times it hands back, this module computes, in kaudit's proces
   clock on the trials (`kaudit.dynamic.witness`: forged times, work moved between trials);
 - KD701 (`speedup_findings`) when the speedup the results tree claims exceeds the measured one by
   more than `--speedup-tolerance` (1.5x): an error when the claim is over `ERROR_CLAIM` (2x) and
-  the measurement under `NO_SPEEDUP` (1.1x), by the medians and by each side's fastest trial
-  (other work on a shared GPU, such as a scan's other jobs, adds its time to both sides' trials
-  and pulls the medians' ratio towards 1: a speedup only the fastest trials show is a
-  warning), unless the claimed runtime is over `OTHER_CONDITIONS` (5x) the measured one: the
+  the measurement under `NO_SPEEDUP` (1.1x) by the medians, and, unless the kernel was timed
+  alone on its GPU (`alone`: holding its exclusive lock, see `timing_lane`), by each side's
+  fastest trial too (other work on a shared GPU adds its time to both sides' trials and pulls
+  the medians' ratio towards 1: a speedup only the fastest trials show is then a warning; timed
+  alone, a kernel cannot turn the error into a warning by skipping its work in one trial),
+  unless the claimed runtime is over `OTHER_CONDITIONS` (5x) the measured one: the
   claim was timed on larger inputs (KernelBenchX times at its template's sizes, kaudit at its
   test's), where the same kernel may well be faster than the reference. A claimed runtime far
   *under* the measured one stays an error: that is what a kernel that did less work when it was
@@ -117,7 +119,8 @@ def measure(add: Adder, run_metrics: dict, job: Job, refs: dict, watched: Watche
         try:
             if witness is not None and witness.judge(add, info, run_metrics):
                 return None
-            measured = measurement(info, job.args["method"], device)
+            measured = measurement(info, job.args["method"], device,
+                                   alone=result.held_gpu_alone)
         except (KeyError, TypeError, ValueError) as exc:
             run_metrics["timing_error"] = f"unusable timings: {exc}"
             return None
@@ -176,8 +179,9 @@ def _wrong_when_timed(add: Adder, result: RunResult, checks: list[int], refs: di
     return False
 
 
-def measurement(info: dict, method: str, device: str) -> dict[str, Any]:
-    """The `measured` record from a timing job's per-trial times (see the module docstring)."""
+def measurement(info: dict, method: str, device: str, alone: bool = False) -> dict[str, Any]:
+    """The `measured` record from a timing job's per-trial times (see the module docstring);
+    `alone`: timed holding the GPU's exclusive lock, which kaudit's process knows."""
     candidate, reference = info["candidate"], info["reference"]
     kernelbench = method == "kernelbench"
     events = device == "cuda" and all(t.get("event") is not None for t in candidate + reference)
@@ -221,6 +225,7 @@ def measurement(info: dict, method: str, device: str) -> dict[str, Any]:
               "clock_mhz": [info.get("clock_mhz_before"), info.get("clock_mhz_after")]
               if info.get("clock_mhz_before") else None,
               "events_missed_work": missed or None,
+              "alone": alone or None,
               "flush_bytes": info.get("flush_bytes") or None}
     measured.update({k: v for k, v in extras.items() if v is not None})
     return measured
@@ -254,7 +259,7 @@ def speedup_findings(add: Adder, claimed: float | None, measured: dict | None,
     error = claimed > ERROR_CLAIM and verified < NO_SPEEDUP and not unlike
     fastest = measured.get("fastest_speedup")
     busy = ""
-    if error and fastest is not None and fastest >= NO_SPEEDUP:
+    if error and fastest is not None and fastest >= NO_SPEEDUP and not measured.get("alone"):
         error = False
         busy = (f"; each side's fastest trial gives {fastest:.3g}x: the medians may hold the "
                 f"time of other work on a busy GPU, so a warning")
