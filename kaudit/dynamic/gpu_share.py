@@ -354,9 +354,13 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
                 yield {"gpu_memory_fraction": caps[-1]}
 
         if job.gated:
-            return launch(capped, granted)
-        with granted() as cap:
-            return launch(dataclasses.replace(capped, args={**args, **cap}))
+            result = launch(capped, granted)
+        else:
+            with granted() as cap:
+                result = launch(dataclasses.replace(capped, args={**args, **cap}))
+        # alone: under the exclusive lock, which binds only where the lock folder can be used
+        result.held_gpu_alone = share is None and lock_folder() is not None
+        return result
 
     def finish(result: Any) -> Any:
         result.gpu_wait_s, result.gpu_runs = round(waited, 3), runs
@@ -364,9 +368,7 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
         return result
 
     if claim.alone:  # its lane holds the exclusive lock: no ledger, no other lock
-        timed = finish(run(None, lane(claim.device).turn, before=forget_measurements))
-        timed.held_gpu_alone = lock_folder() is not None  # without locks, only one at a time
-        return timed
+        return finish(run(None, lane(claim.device).turn, before=forget_measurements))
     if claim.need is None:
         shares = [claim.share] + ([WIDE_SHARE] if claim.share < WIDE_SHARE else [])
     else:  # sized: its need, then twice that (a need underestimated), then WIDE_SHARE
@@ -395,7 +397,6 @@ def run_claimed(job: Any, claim: GpuClaim, launch: Callable[..., Any]) -> Any:
     second = run(None, functools.partial(holding, claim.device, exclusive=True),
                  before=measured)
     second.retried_alone = True
-    second.held_gpu_alone = lock_folder() is not None
     if looks_oom(second):
         free = memory[-1] if memory else None
         state = f"{free.free / (1 << 30):.1f} GiB free of {free.total / (1 << 30):.1f} GiB" \

@@ -17,11 +17,11 @@ import os
 from typing import Any
 
 from .child import import_file
+from .kernel_job import use_build_folder
 
 
 def run(args: dict, out_dir: str) -> dict[str, Any]:
-    os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(args["build_dir"], "torch")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(args["build_dir"], "triton")
+    use_build_folder(args, out_dir)
     if args.get("arch_list") and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         os.environ["TORCH_CUDA_ARCH_LIST"] = str(args["arch_list"])
     import torch

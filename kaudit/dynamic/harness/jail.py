@@ -5,11 +5,12 @@ the job's own supervisor before any job code runs (see `child.py`).
 namespaces (without a user namespace when that is refused and the process is root) and builds the
 job's view of the filesystem: everything read-only; a private tmpfs on /tmp (and on the job's
 temporary root, when that is elsewhere) and on /dev/shm; a /dev with only the usual character
-devices and the NVIDIA ones (none for a plan without `gpu_devices`); the `hide` paths covered by empty tmpfs; the `read` folders bound back
-read-only and the `write` folders read-write, each at its own path. `enter_pid_namespace()` makes
-the next child PID 1 of a new PID namespace, `mount_proc()` gives that namespace its own /proc, and
-`drop_privileges()` ends with no capability and no way to gain one (bounding set emptied,
-no_new_privs), so the job cannot undo any of it.
+devices and the NVIDIA ones (none for a plan without `gpu_devices`); the `hide` paths covered
+by empty tmpfs; the `read` folders bound back read-only and the `write` folders read-write, each
+at its own path. `enter_pid_namespace()` makes the next child PID 1 of a new PID namespace,
+`mount_proc()` gives that namespace its own /proc, and `drop_privileges()` ends with no
+capability and no way to gain one (bounding set emptied, no_new_privs), so the job cannot undo
+any of it.
 
 Every function raises `JailError` with the failing call and errno; `probe()` reports why the
 sandbox cannot be built here (None when it can).
